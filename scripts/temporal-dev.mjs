@@ -1,0 +1,316 @@
+#!/usr/bin/env node
+// Our own launcher for `temporal server start-dev`: the SDK's launcher gives a cold server only
+// 5 s to answer and cannot persist to a file we choose, tune SQLite or keep the server running.
+// Importable (startDevServer, freePort) and runnable: `node scripts/temporal-dev.mjs [--port N]
+// [--ui-port N] [--db FILE | --in-memory] [--headless] [--namespace NS] [--log-level L]`.
+import { spawn } from 'node:child_process';
+import { closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
+import { connect as tcpConnect, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as delay } from 'node:timers/promises';
+import { Connection } from '@temporalio/client';
+import { projectRoot, readTemporalPaths } from './temporal-paths.mjs';
+
+export const DEFAULT_SEARCH_ATTRIBUTES = Object.freeze({
+  RunName: 'Keyword',
+  RunPhase: 'Keyword',
+  TrainerStep: 'Int',
+  CheckpointOutcome: 'Keyword',
+});
+
+// Server defaults are too small for a training run that fans out thousands of rollouts.
+export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
+  'frontend.enableServerVersionCheck': false,
+  'limit.numPendingChildExecutions.error': 20000,
+  'limit.numPendingActivities.error': 20000,
+  'history.maximumSignalsPerExecution': 100000,
+});
+
+// temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
+const INDEXED_VALUE_TYPE = { Text: 1, Keyword: 2, Int: 3, Double: 4, Bool: 5, Datetime: 6, KeywordList: 7 };
+
+/** Servers started by this process and not handed over with keepRunning(): killed on exit. */
+const live = new Set();
+let exitHookInstalled = false;
+
+function killGroup(pid, signal) {
+  try {
+    process.kill(-pid, signal);
+    return true;
+  } catch {
+    return false; // already gone
+  }
+}
+
+/** A port on 127.0.0.1 that was free a moment ago. */
+export function freePort() {
+  return new Promise((resolvePort, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = /** @type {import('node:net').AddressInfo} */ (srv.address());
+      srv.close(() => resolvePort(port));
+    });
+  });
+}
+
+/** Whether nothing listens on 127.0.0.1:port (the CLI refuses a busy port only after a while). */
+export function isPortFree(port) {
+  return new Promise((resolveFree) => {
+    const srv = createServer();
+    srv.unref();
+    srv.once('error', () => resolveFree(false));
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolveFree(true)));
+  });
+}
+
+function tcpAnswers(port) {
+  return new Promise((resolveOpen) => {
+    const sock = tcpConnect({ host: '127.0.0.1', port });
+    sock.once('connect', () => {
+      sock.destroy();
+      resolveOpen(true);
+    });
+    sock.once('error', () => resolveOpen(false));
+  });
+}
+
+function readTail(file, maxChars = 4000) {
+  try {
+    return readFileSync(file, 'utf8').slice(-maxChars).trim();
+  } catch {
+    return '';
+  }
+}
+
+/** One gRPC round trip: connect, then the namespace must exist. Returns the open connection. */
+async function tryConnect(address, namespace) {
+  const connection = Connection.lazy({ address, connectTimeout: '2s' });
+  try {
+    await connection.ensureConnected();
+    await connection.workflowService.describeNamespace({ namespace });
+    return connection;
+  } catch (err) {
+    await connection.close().catch(() => {});
+    throw err;
+  }
+}
+
+// `--search-attribute` is applied only when the namespace is created, so a persisted database
+// from an older run lacks newer attributes: register the missing ones through the operator API.
+async function ensureSearchAttributes(connection, namespace, wanted) {
+  const { customAttributes } = await connection.operatorService.listSearchAttributes({ namespace });
+  const missing = {};
+  for (const [name, type] of Object.entries(wanted)) {
+    if (!customAttributes || !(name in customAttributes)) missing[name] = INDEXED_VALUE_TYPE[type];
+  }
+  if (Object.keys(missing).length) {
+    await connection.operatorService.addSearchAttributes({ namespace, searchAttributes: missing });
+  }
+}
+
+/**
+ * Spawns `temporal server start-dev` in its own process group and waits until it serves.
+ * @param {import('./temporal-dev.d.mts').DevServerOptions} [options]
+ * @returns {Promise<import('./temporal-dev.d.mts').DevServer>}
+ */
+export async function startDevServer(options = {}) {
+  const {
+    port = 7233,
+    uiPort = 8233,
+    headless = false,
+    namespace = 'default',
+    searchAttributes = DEFAULT_SEARCH_ATTRIBUTES,
+    extraDynamicConfig = {},
+    logLevel = 'warn',
+    readyTimeoutMs = 60_000,
+    output = 'file',
+  } = options;
+  const dbFile = options.dbFile === null ? null : resolve(projectRoot, options.dbFile ?? '.data/temporal.sqlite');
+  const logFile = resolve(options.logFile ?? (dbFile ? `${dbFile}.log` : join(tmpdir(), `temporal-dev-${port}.log`)));
+  const cli = options.cliPath ?? readTemporalPaths().cli.path;
+
+  for (const type of Object.values(searchAttributes)) {
+    if (!(type in INDEXED_VALUE_TYPE)) throw new Error(`unknown search attribute type ${type}`);
+  }
+  for (const [what, p] of [['gRPC', port], ...(headless ? [] : [['UI', uiPort]])]) {
+    if (!(await isPortFree(p))) {
+      throw new Error(`${what} port 127.0.0.1:${p} is busy (another Temporal dev server? \`npm run demo -- --keep\` leaves one running)`);
+    }
+  }
+
+  const args = ['server', 'start-dev', '--ip', '127.0.0.1', '--port', String(port), '--log-level', logLevel];
+  if (headless) args.push('--headless');
+  else args.push('--ui-port', String(uiPort), '--ui-disable-news-fetch');
+  if (namespace !== 'default') args.push('--namespace', namespace);
+  if (dbFile) {
+    mkdirSync(dirname(dbFile), { recursive: true });
+    args.push('--db-filename', dbFile, '--sqlite-pragma', 'journal_mode=WAL', '--sqlite-pragma', 'synchronous=NORMAL');
+  }
+  // Values are JSON: numbers and booleans bare, strings quoted.
+  for (const [key, value] of Object.entries({ ...DEFAULT_DYNAMIC_CONFIG, ...extraDynamicConfig })) {
+    args.push('--dynamic-config-value', `${key}=${JSON.stringify(value)}`);
+  }
+  for (const [name, type] of Object.entries(searchAttributes)) args.push('--search-attribute', `${name}=${type}`);
+
+  // Output goes to a file, not a pipe: a server left running (keepRunning) must outlive us.
+  let fd;
+  if (output === 'file') {
+    mkdirSync(dirname(logFile), { recursive: true });
+    fd = openSync(logFile, 'a');
+  }
+  const child = spawn(cli, args, {
+    cwd: projectRoot,
+    detached: true, // own process group: stop() takes down everything it started
+    stdio: ['ignore', fd ?? 'inherit', fd ?? 'inherit'],
+    env: { ...process.env, TEMPORAL_VERSION_CHECK_DISABLED: '1' },
+  });
+  if (fd !== undefined) closeSync(fd);
+  // A forgotten server must not keep the process alive; the exit hook below kills it instead.
+  child.unref();
+
+  let exitInfo;
+  const exited = new Promise((resolveExit) => {
+    child.once('exit', (code, signal) => resolveExit((exitInfo = { code, signal })));
+    child.once('error', (err) => resolveExit((exitInfo = { code: null, signal: null, error: err })));
+  });
+  const pid = child.pid;
+  const address = `127.0.0.1:${port}`;
+
+  let stopping;
+  const server = {
+    address,
+    namespace,
+    uiUrl: headless ? undefined : `http://127.0.0.1:${uiPort}`,
+    pid,
+    logFile: output === 'file' ? logFile : undefined,
+    dbFile,
+    exited,
+    stop(timeoutMs = 10_000) {
+      stopping ??= (async () => {
+        live.delete(server);
+        if (exitInfo || pid === undefined) return;
+        killGroup(pid, 'SIGTERM');
+        let timer;
+        const graceful = await Promise.race([
+          exited.then(() => true),
+          new Promise((r) => (timer = setTimeout(() => r(false), timeoutMs))),
+        ]);
+        clearTimeout(timer);
+        if (!graceful) {
+          killGroup(pid, 'SIGKILL');
+          await exited;
+        }
+      })();
+      return stopping;
+    },
+    keepRunning() {
+      live.delete(server);
+    },
+  };
+  if (pid !== undefined) live.add(server);
+  if (!exitHookInstalled) {
+    exitHookInstalled = true;
+    const killLive = () => {
+      for (const s of live) if (s.pid !== undefined) killGroup(s.pid, 'SIGKILL');
+    };
+    process.on('exit', killLive);
+    // A signal's default action skips 'exit' hooks: kill our servers, then die of the same signal.
+    // When the host handles the signal itself, leave it to the host (and to the exit hook).
+    const onSignal = (sig) => {
+      if (process.listenerCount(sig) > 1) return;
+      killLive();
+      process.removeListener(sig, onSignal);
+      process.kill(process.pid, sig);
+    };
+    for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(sig, onSignal);
+  }
+
+  const deadline = Date.now() + readyTimeoutMs;
+  let lastError;
+  try {
+    while (true) {
+      if (exitInfo) {
+        const why = exitInfo.error ? exitInfo.error.message : `exit ${exitInfo.code ?? exitInfo.signal}`;
+        throw new Error(`temporal server start-dev ended before serving (${why})`);
+      }
+      if (Date.now() > deadline) {
+        throw new Error(`temporal server start-dev did not answer on ${address} within ${readyTimeoutMs} ms (${lastError?.message ?? 'no answer'})`);
+      }
+      if (await tcpAnswers(port)) {
+        try {
+          const connection = await tryConnect(address, namespace);
+          try {
+            await ensureSearchAttributes(connection, namespace, searchAttributes);
+          } finally {
+            await connection.close();
+          }
+          return server;
+        } catch (err) {
+          lastError = err;
+        }
+      }
+      await delay(100);
+    }
+  } catch (err) {
+    await server.stop();
+    const log = server.logFile ? readTail(server.logFile) : '';
+    throw new Error(`${err.message}\ncommand: ${cli} ${args.join(' ')}${log ? `\nlast server output (${server.logFile}):\n${log}` : ''}`);
+  }
+}
+
+function parseCliArgs(argv) {
+  const opts = { output: 'inherit' };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const next = () => {
+      const v = argv[++i];
+      if (v === undefined) throw new Error(`${a} needs a value`);
+      return v;
+    };
+    if (a === '--port') opts.port = Number(next());
+    else if (a === '--ui-port') opts.uiPort = Number(next());
+    else if (a === '--db') opts.dbFile = next();
+    else if (a === '--in-memory') opts.dbFile = null;
+    else if (a === '--headless') opts.headless = true;
+    else if (a === '--namespace') opts.namespace = next();
+    else if (a === '--log-level') opts.logLevel = next();
+    else throw new Error(`unknown option ${a}`);
+  }
+  return opts;
+}
+
+async function main() {
+  const server = await startDevServer(parseCliArgs(process.argv.slice(2)));
+  console.log(`Temporal dev server (pid ${server.pid}) on ${server.address}, namespace ${server.namespace}`);
+  console.log(server.uiUrl ? `Web UI: ${server.uiUrl}` : 'Web UI: off (--headless)');
+  console.log(server.dbFile ? `Database: ${server.dbFile}` : 'Database: in memory');
+  console.log('Ctrl-C stops it.');
+  let stopping = false;
+  const onSignal = async (sig) => {
+    stopping = true;
+    console.log(`\n${sig}: stopping the dev server...`);
+    await server.stop();
+    console.log('stopped');
+    process.exit(0);
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  // Keep the process alive while the server runs (its child handle is unref'd).
+  const keepAlive = setInterval(() => {}, 1 << 30);
+  const { code, signal } = await server.exited;
+  if (stopping) return; // onSignal exits once stop() has finished
+  clearInterval(keepAlive);
+  console.error(`temporal server start-dev exited on its own (${code ?? signal})`);
+  process.exit(code || 1);
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  main().catch((err) => {
+    console.error(err.message ?? err);
+    process.exit(1);
+  });
+}

@@ -1,0 +1,63 @@
+// Temporal environments for tests. Both use binaries resolved by scripts/bootstrap.mjs
+// (`existing-path`), so nothing is downloaded at test time.
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { TestWorkflowEnvironment } from '@temporalio/testing';
+import { DefaultLogger, Runtime } from '@temporalio/worker';
+import { readTemporalPaths } from '../../scripts/temporal-paths.mjs';
+import { freePort, startDevServer, type DevServer, type DevServerOptions } from '../../scripts/temporal-dev.mjs';
+
+/** Quiet core logs; must run before the first connection, and only once per process. */
+export function installTestRuntime(): void {
+  if (Runtime._instance === undefined) Runtime.install({ logger: new DefaultLogger('WARN') });
+}
+
+/** The Java test server: timers fire as soon as no workflow task is pending. */
+export async function createTimeSkippingEnv(): Promise<TestWorkflowEnvironment> {
+  installTestRuntime();
+  const { path } = readTemporalPaths().testServer;
+  return TestWorkflowEnvironment.createTimeSkipping({ server: { executable: { type: 'existing-path', path } } });
+}
+
+export interface LocalEnv {
+  env: TestWorkflowEnvironment;
+  server: DevServer;
+  /** Closes the connections, stops the dev server and deletes its database. */
+  teardown(): Promise<void>;
+}
+
+/**
+ * A real dev server started by our launcher (not the SDK's, which gives it only 5 s to come up),
+ * on free ports with its own database in a temp dir.
+ */
+export async function createLocalEnv(options: DevServerOptions = {}): Promise<LocalEnv> {
+  installTestRuntime();
+  const dir = await mkdtemp(join(tmpdir(), 'temporal-test-'));
+  const server = await startDevServer({
+    port: await freePort(),
+    headless: true,
+    dbFile: join(dir, 'temporal.sqlite'),
+    ...options,
+  });
+  let env: TestWorkflowEnvironment;
+  try {
+    env = await TestWorkflowEnvironment.createFromExistingServer({ address: server.address, namespace: server.namespace });
+  } catch (err) {
+    await server.stop();
+    await rm(dir, { recursive: true, force: true });
+    throw err;
+  }
+  return {
+    env,
+    server,
+    async teardown() {
+      try {
+        await env.teardown();
+      } finally {
+        await server.stop();
+        await rm(dir, { recursive: true, force: true });
+      }
+    },
+  };
+}
