@@ -1,0 +1,193 @@
+// Commit/restore throughput of manifest-last storage (control-plane.md §9).
+//
+//   npx tsx bench/storage.ts [--sessions 1000] [--session-kb 350] [--small 16000] [--repeat 3]
+//                            [--non-ascii-rate 0.002]   (fraction of words that are non-ASCII)
+//
+// Case "sessions": N resources session states of ~KB each (a conversation: messages with text
+// that has newlines, quotes, tabs and occasional non-ASCII, float logprobs, token counts,
+// nested metadata).
+// Case "small": M small environment records (task digest + boundary). Each case is committed
+// with `writeRecords` into a fresh temp dir and restored with `readRecords` (scope = every
+// key); the median of --repeat runs is reported. Restore reads a file the commit just wrote, so
+// it is served from the page cache (a restore after a host restart also pays the disk read).
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { captureKey } from '../protocol/ids.js';
+import { readRecords, writeRecords } from '../servers/control/storage.js';
+import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+
+function arg(name: string, fallback: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i < 0) return fallback;
+  const v = Number(process.argv[i + 1]);
+  if (!Number.isFinite(v) || v < 0) throw new Error(`--${name} needs a non-negative number`);
+  return v;
+}
+
+const SESSIONS = arg('sessions', 1000);
+const SESSION_KB = arg('session-kb', 350);
+const SMALL = arg('small', 16000);
+const REPEAT = Math.max(1, Math.floor(arg('repeat', 3)));
+
+// --- deterministic synthetic data -------------------------------------------------------------
+
+let seed = 12345;
+function rnd(): number {
+  seed = (Math.imul(seed, 1103515245) + 12345) & 0x7fffffff;
+  return seed / 0x7fffffff;
+}
+const WORDS = (
+  'the of and to in is that for it as was with be by on not this are or from at which but have an they ' +
+  'you were there would their we been has when who will more if out so said what up its about than into ' +
+  'them can only other new some could time these two may first then do any like now over such our even ' +
+  'most made after also did many before must through back years where much your way well down should ' +
+  'because each just those people how too little state good very make world still own see work long get ' +
+  'here between both life being under never day same another know while last might great old year off ' +
+  'come since against go came right used take three function return const value error file path'
+).split(' ');
+/** English agent transcripts are mostly ASCII with an occasional typographic or foreign character. */
+const RARE = ['—', '’', 'café', 'naïve', '→', '東京', '✓', 'Ω'];
+const RARE_RATE = arg('non-ascii-rate', 0.002);
+
+function text(chars: number): string {
+  let s = '';
+  while (s.length < chars) {
+    s += rnd() < RARE_RATE ? RARE[(rnd() * RARE.length) | 0] : WORDS[(rnd() * WORDS.length) | 0];
+    const r = rnd();
+    s += r < 0.04 ? '\n' : r < 0.07 ? '. ' : r < 0.075 ? ' "quoted" ' : r < 0.078 ? '\t' : ' ';
+  }
+  return s;
+}
+
+/** A pool of distinct message texts; sessions draw from it so building 350 MB stays quick. */
+const POOL = Array.from({ length: 4096 }, () => text(200 + ((rnd() * 3600) | 0)));
+
+function sessionRecord(i: number, kb: number): object {
+  const messages: object[] = [];
+  let size = 0;
+  for (let t = 0; size < kb * 1024; t++) {
+    const content = POOL[(rnd() * POOL.length) | 0]!;
+    const tokens = 1 + ((content.length / 4) | 0);
+    messages.push({
+      role: t % 2 ? 'assistant' : 'user',
+      content,
+      tokens,
+      logprob: t % 2 ? -rnd() * 3 : null,
+      meta: { turn: t, latency_s: Math.round(rnd() * 5000) / 1000, tool: t % 5 === 3 ? 'search' : null },
+    });
+    size += content.length + 120;
+  }
+  return {
+    episode_id: { rollout_id: `task${i}-roll0`, attempt: 1 },
+    session_id: `sess-${i.toString(16).padStart(8, '0')}`,
+    state: {
+      messages,
+      step: messages.length,
+      reward: 0.5,
+      budget: { max_turns: 64, used_turns: messages.length, temperature: 0.7 },
+      created_ts: 1767225600.25 + i,
+    },
+    owner: null,
+  };
+}
+
+function smallRecord(i: number): object {
+  return {
+    episode_id: { rollout_id: `task${i}-roll${i % 8}`, attempt: i % 3 },
+    task_digest: ((i * 2654435761) >>> 0).toString(16).padStart(8, '0').repeat(8),
+    boundary: {
+      next: i % 2 ? 'verify' : 'step',
+      seeded: true,
+      step: i % 17,
+      observation: text(300),
+      scores: [rnd(), rnd(), rnd()],
+    },
+  };
+}
+
+// --- measurement ------------------------------------------------------------------------------
+
+interface Measured {
+  commit_s: number;
+  restore_s: number;
+  bytes: number;
+}
+
+async function measure(records: object[], kind: 'resources' | 'environment'): Promise<Measured> {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'bench-storage-'));
+  try {
+    const t0 = performance.now();
+    const manifest = await writeRecords({ checkpointDir: dir, kind, instance: 'bench', checkpointId: 'bench-1', records });
+    const t1 = performance.now();
+    const scope = new Set(records.map((r) => captureKey((r as { episode_id: { rollout_id: string; attempt: number } }).episode_id)));
+    const t2 = performance.now();
+    const read = await readRecords({ checkpointDir: dir, kind, instance: 'bench', scope });
+    const t3 = performance.now();
+    if (manifest.record_count !== records.length || read.records.length !== records.length) {
+      throw new Error(`count mismatch: wrote ${manifest.record_count}, read ${read.records.length}, expected ${records.length}`);
+    }
+    const { size } = statSync(path.join(dir, 'gym', kind, 'bench', manifest.records_file));
+    return { commit_s: (t1 - t0) / 1000, restore_s: (t3 - t2) / 1000, bytes: size };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[(s.length - 1) >> 1]!;
+}
+
+async function runCase(name: string, records: object[], kind: 'resources' | 'environment'): Promise<Row & { commit_s: number; restore_s: number }> {
+  const runs: Measured[] = [];
+  for (let r = 0; r < REPEAT; r++) {
+    (globalThis as { gc?: () => void }).gc?.();
+    runs.push(await measure(records, kind));
+  }
+  const commit = median(runs.map((m) => m.commit_s));
+  const restore = median(runs.map((m) => m.restore_s));
+  return {
+    case: name,
+    records: records.length,
+    MB: Math.round((runs[0]!.bytes / 1e6) * 10) / 10,
+    'commit s': round3(commit),
+    'restore s': round3(restore),
+    'commit MB/s': Math.round(runs[0]!.bytes / 1e6 / commit),
+    'restore MB/s': Math.round(runs[0]!.bytes / 1e6 / restore),
+    runs: REPEAT,
+    commit_s: commit,
+    restore_s: restore,
+  };
+}
+
+async function main(): Promise<void> {
+  const sessions = Array.from({ length: SESSIONS }, (_, i) => sessionRecord(i, SESSION_KB));
+  const small = Array.from({ length: SMALL }, (_, i) => smallRecord(i));
+
+  // Warm-up (JIT, allocator) on a slice of each case; not reported.
+  await measure(sessions.slice(0, Math.min(40, sessions.length)), 'resources');
+  await measure(small.slice(0, Math.min(2000, small.length)), 'environment');
+
+  const rows: (Row & { commit_s: number; restore_s: number })[] = [];
+  if (SESSIONS > 0) rows.push(await runCase(`sessions ${SESSION_KB} KB`, sessions, 'resources'));
+  if (SMALL > 0) rows.push(await runCase('small', small, 'environment'));
+
+  const table = rows.map(({ commit_s: _c, restore_s: _r, ...row }) => row);
+  printTable(table);
+  const big = SESSIONS > 0 ? rows[0] : undefined;
+  const little = SMALL > 0 ? rows[rows.length - 1] : undefined;
+  const file = writeBenchResult(
+    'storage',
+    {
+      commit_350kb_s: big ? round3(big.commit_s) : null,
+      restore_350kb_s: big ? round3(big.restore_s) : null,
+      commit_small_s: little ? round3(little.commit_s) : null,
+      restore_small_s: little ? round3(little.restore_s) : null,
+    },
+    table,
+  );
+  console.log(`\nwrote ${path.relative(process.cwd(), file)}`);
+}
+
+await main();

@@ -1,0 +1,120 @@
+// Identity on the wire (control-plane.md §2): rollout IDs, EpisodeIds, capture keys and the
+// `/ng-rollout/<key>` data-plane prefix. Checkpoint IDs and path components (§4, §9.1).
+import { z } from 'zod';
+
+/** First char alphanumeric, then letters, digits, `.`, `_`, `-`. */
+export const ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/** `-a<N>` with N positive and without a leading zero, at the very end. */
+const RESERVED_SUFFIX = /-a([1-9][0-9]*)$/;
+
+export type CaptureKey = string;
+
+export interface EpisodeId {
+  rollout_id: string;
+  attempt: number;
+}
+
+export function isValidRolloutId(id: string): boolean {
+  return ID_PATTERN.test(id) && !RESERVED_SUFFIX.test(id);
+}
+
+export const RolloutIdSchema = z
+  .string()
+  .min(1)
+  .regex(ID_PATTERN, 'rollout_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$')
+  .refine((s) => !RESERVED_SUFFIX.test(s), 'rollout_id must not end with a reserved -a<N> suffix');
+
+export const AttemptSchema = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+
+/** Wire form in control requests: closed object, `attempt` defaults to 0 (§2.3). */
+export const EpisodeIdSchema = z.strictObject({
+  rollout_id: RolloutIdSchema,
+  attempt: AttemptSchema.default(0),
+});
+
+export function captureKey(e: EpisodeId): CaptureKey {
+  return e.attempt === 0 ? e.rollout_id : `${e.rollout_id}-a${e.attempt}`;
+}
+
+/** Decodes exactly one suffix; the remainder must itself be a valid rollout ID (§2.2). */
+export function parseCaptureKey(key: string): EpisodeId | undefined {
+  const m = RESERVED_SUFFIX.exec(key);
+  let rollout = key;
+  let attempt = 0;
+  if (m) {
+    rollout = key.slice(0, m.index);
+    attempt = Number(m[1]);
+    if (!Number.isSafeInteger(attempt)) return undefined;
+  }
+  return isValidRolloutId(rollout) ? { rollout_id: rollout, attempt } : undefined;
+}
+
+export const CaptureKeySchema = z
+  .string()
+  .refine((k) => parseCaptureKey(k) !== undefined, 'not a valid capture key');
+
+export function episodeOf(rollout_id: string, attempt = 0): EpisodeId {
+  return { rollout_id, attempt };
+}
+
+export function sameEpisode(a: EpisodeId, b: EpisodeId): boolean {
+  return a.rollout_id === b.rollout_id && a.attempt === b.attempt;
+}
+
+/** The next physical attempt of the same rollout (a replacement after restore or retire). */
+export function nextAttempt(e: EpisodeId): EpisodeId {
+  return { rollout_id: e.rollout_id, attempt: e.attempt + 1 };
+}
+
+/** Sorted, de-duplicated capture keys: the order every reply lists them in. */
+export function sortedKeys(keys: Iterable<CaptureKey>): CaptureKey[] {
+  return [...new Set(keys)].sort();
+}
+
+// --- data-plane prefix (§2.4) ---------------------------------------------------------
+
+const ROLLOUT_PREFIX = /^\/ng-rollout\/([A-Za-z0-9][A-Za-z0-9._-]*)(\/.*)$/;
+
+export interface RolloutPath {
+  /** The capture key as written in the URL. */
+  key: CaptureKey;
+  /** Decoded episode, or undefined when the key does not decode (→ `invalid_rollout_id`). */
+  episode: EpisodeId | undefined;
+  /** The original path with the prefix stripped (starts with `/`). */
+  rest: string;
+}
+
+/** Splits `/ng-rollout/<key>/<path>`; returns undefined for a URL without the prefix. */
+export function parseRolloutPath(url: string): RolloutPath | undefined {
+  const m = ROLLOUT_PREFIX.exec(url);
+  if (!m) return undefined;
+  const key = m[1]!;
+  return { key, episode: parseCaptureKey(key), rest: m[2]! };
+}
+
+export function rolloutPath(key: CaptureKey, path: string): string {
+  return `/ng-rollout/${key}${path.startsWith('/') ? path : `/${path}`}`;
+}
+
+// --- other identifiers -----------------------------------------------------------------
+
+/** Checkpoint IDs: 1–128 chars of the ID pattern (§4). */
+export const CheckpointIdSchema = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(ID_PATTERN, 'checkpoint_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$');
+
+/** Kind and instance become path components of the storage layout (§9.1). */
+export function isSafePathComponent(s: string): boolean {
+  return ID_PATTERN.test(s);
+}
+
+export const KINDS = ['environment', 'model', 'agent', 'resources'] as const;
+export type Kind = (typeof KINDS)[number];
+export const KindSchema = z.enum(KINDS);
+
+/** Prepare stage of each kind (§13); resume runs in reverse. */
+export const PREPARE_ORDER: readonly Kind[] = ['environment', 'model', 'agent', 'resources'];
+/** Retire/forget groups, callers before callees (§11.8). */
+export const RETIRE_GROUPS: readonly (readonly Kind[])[] = [['environment'], ['agent'], ['model', 'resources']];

@@ -1,0 +1,51 @@
+// The Fastify app every Gym server starts from: pino logging, `/healthz`, the typed error
+// envelope, and the `/ng-rollout/<capture key>` prefix stripped before routing (control-plane.md
+// §2.4) with the decoded episode kept on the request.
+import type { IncomingMessage } from 'node:http';
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import { isProtocolError } from '../../protocol/errors.js';
+import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
+
+const ROLLOUT = Symbol('ngRollout');
+type WithRollout = IncomingMessage & { [ROLLOUT]?: RolloutPath };
+
+export interface GymAppOptions {
+  name: string;
+  kind: string;
+  /** pino level; `silent` in tests that do not want logs. */
+  logLevel?: string;
+  bodyLimit?: number;
+}
+
+export function createGymApp(opts: GymAppOptions): FastifyInstance {
+  const app = Fastify({
+    logger: { level: opts.logLevel ?? process.env.LOG_LEVEL ?? 'info', base: { server: opts.name, kind: opts.kind } },
+    bodyLimit: opts.bodyLimit ?? 64 * 1024 * 1024,
+    // Long /run calls and parked requests must not be cut by the server side.
+    requestTimeout: 0,
+    keepAliveTimeout: 65_000,
+    rewriteUrl(req) {
+      const url = req.url ?? '/';
+      const parsed = parseRolloutPath(url);
+      if (!parsed) return url;
+      (req as WithRollout)[ROLLOUT] = parsed;
+      return parsed.rest;
+    },
+  });
+  app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));
+  app.setErrorHandler((err, req, reply) => {
+    if (isProtocolError(err)) return reply.code(err.status).send(err.toEnvelope());
+    const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
+    if (e.statusCode && e.statusCode >= 400 && e.statusCode < 500) {
+      return reply.code(e.statusCode).send({ error: { code: 'invalid_request', detail: e.message ?? 'invalid request' } });
+    }
+    req.log.error({ err }, 'request failed');
+    return reply.code(500).type('text/plain').send('Internal Server Error');
+  });
+  return app;
+}
+
+/** The `/ng-rollout/<key>` prefix of this request, if it had one. */
+export function rolloutOf(req: FastifyRequest): RolloutPath | undefined {
+  return (req.raw as WithRollout)[ROLLOUT];
+}

@@ -1,0 +1,611 @@
+// Manifest-last checkpoint storage (control-plane.md §9): one digest-named records file per
+// participant, streamed line by line, then `manifest.json` created once and never replaced.
+// Every failure is a typed `invalid_checkpoint_state` (§9.7); temporary files never outlive a call.
+import { createHash, randomBytes, type Hash } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import type { FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import { ProtocolError, refuse } from '../../protocol/errors.js';
+import { captureKey, isSafePathComponent, isValidRolloutId, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
+import { JsonLineEncoder, LosslessJsonError, LosslessNumber, parseLossless, parseLosslessUtf8, stringifyLossless } from '../../protocol/lossless-json.js';
+import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type Manifest } from '../../protocol/manifest.js';
+import { Mutex } from './mutex.js';
+
+/** One stored record: its episode first, then kind-specific fields (§9.4). */
+export interface StoredRecord {
+  episode_id: EpisodeId;
+  [field: string]: unknown;
+}
+
+export interface RecordsWriteOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  checkpointId: string;
+  /** Streamed once, in order; each record is serialized and written as it comes. */
+  records: Iterable<object> | AsyncIterable<object>;
+  /** Kind-specific manifest fields (e.g. `session_owners`); must be plain JSON. */
+  extras?: Record<string, unknown>;
+}
+
+export interface RecordsWrite {
+  /** The published (or identical, already published) manifest; rejects with `invalid_checkpoint_state`. */
+  done: Promise<Manifest>;
+  /**
+   * Stop the write (resume): once this resolves, no manifest of this write will ever appear,
+   * unless it had already been published (then `done` resolves with it).
+   */
+  stop(): Promise<void>;
+}
+
+export interface ReadRecordsOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  /** Capture keys to keep; null keeps every record. */
+  scope: ReadonlySet<CaptureKey> | null;
+  /** Checks one in-scope record before it is kept; a throw fails the read naming the episode. */
+  validate?: (record: StoredRecord) => unknown;
+}
+
+export interface ReadRecordsResult {
+  manifest: Manifest;
+  /** In-scope records in file order, `episode_id` normalized (a missing attempt becomes 0). */
+  records: StoredRecord[];
+}
+
+/** `<checkpoint_dir>/gym/<kind>/<instance>`; refuses unsafe path components (§9.1). */
+export function participantDir(checkpointDir: string, kind: string, instance: string): string {
+  if (typeof kind !== 'string' || !isSafePathComponent(kind)) {
+    throw refuse('invalid_checkpoint_state', `kind ${JSON.stringify(kind)} is not a safe path component`);
+  }
+  if (typeof instance !== 'string' || !isSafePathComponent(instance)) {
+    throw refuse('invalid_checkpoint_state', `instance ${JSON.stringify(instance)} is not a safe path component`);
+  }
+  return path.join(checkpointDir, 'gym', kind, instance);
+}
+
+// --- write ----------------------------------------------------------------------------------
+
+/** Bytes per batch handed to one write(2); lines are encoded straight into it. */
+const BATCH_BYTES = 8 << 20;
+/** Batches written concurrently before the producer waits. */
+const MAX_INFLIGHT = 3;
+/** Start an fdatasync after this many unsynced bytes so the final fsync has little left to do. */
+const EARLY_SYNC_BYTES = 64 << 20;
+
+const STOPPED_DETAIL = 'the checkpoint was resumed before its write finished';
+
+/** Starts a commit write in the background (§9.5). */
+export function startRecordsWrite(opts: RecordsWriteOptions): RecordsWrite {
+  const lock = new Mutex();
+  const flag = { stopped: false };
+  const done = runWrite(opts, lock, flag);
+  done.catch(() => {}); // the caller may only ever call stop(); never an unhandled rejection
+  return {
+    done,
+    stop: () =>
+      lock.run(() => {
+        flag.stopped = true;
+      }),
+  };
+}
+
+/** `startRecordsWrite` and wait for its manifest. */
+export function writeRecords(opts: RecordsWriteOptions): Promise<Manifest> {
+  return startRecordsWrite(opts).done;
+}
+
+async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped: boolean }): Promise<Manifest> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const where = `${opts.kind}/${opts.instance}`;
+  if (typeof opts.checkpointId !== 'string') throw refuse('invalid_checkpoint_state', 'checkpoint_id is not a string');
+  const extras = manifestExtras(opts.extras);
+  let tmpPath: string | undefined;
+  let sink: RecordsSink | undefined;
+  try {
+    await fsp.mkdir(dir, { recursive: true });
+    tmpPath = path.join(dir, `.records.jsonl.${randomSuffix()}`);
+    sink = new RecordsSink(await fsp.open(tmpPath, 'wx'));
+    const s = sink;
+    const records = opts.records;
+    if (Symbol.asyncIterator in records) {
+      for await (const record of records) {
+        if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED_DETAIL);
+        const wait = s.add(record);
+        if (wait) await wait;
+      }
+    } else {
+      for (const record of records) {
+        if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED_DETAIL);
+        const wait = s.add(record);
+        if (wait) await wait;
+      }
+    }
+    const { sha256, count } = await sink.finish();
+    sink = undefined;
+
+    const manifest = buildManifest(opts, extras, sha256, count);
+    // Latest §9.5 step 5: a host crash must not lose a directory entry under a published manifest.
+    const kindDir = path.dirname(dir);
+    const gymDir = path.dirname(kindDir);
+    await Promise.all([dir, kindDir, gymDir, opts.checkpointDir].map(fsyncDir));
+
+    const tmp = tmpPath;
+    return await lock.run(async () => {
+      if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED_DETAIL);
+      const recordsPath = path.join(dir, manifest.records_file);
+      await fsp.rename(tmp, recordsPath); // an identical same-named file may be replaced
+      tmpPath = undefined;
+      const published = await publishManifest(dir, manifest);
+      if (published === 'created') return manifest;
+      if (manifestsEqual(published, manifest)) return published; // an idempotent re-commit
+      if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
+      throw refuse(
+        'invalid_checkpoint_state',
+        `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${JSON.stringify(published.checkpoint_id)})`,
+      );
+    });
+  } catch (err) {
+    await sink?.abort();
+    if (tmpPath) await fsp.rm(tmpPath, { force: true }).catch(() => {});
+    throw storageError(err, `writing the records of ${where}`);
+  }
+}
+
+/** The episode of a record to write; refuses a record without a valid one (§9.4). */
+function recordEpisode(record: object): EpisodeId {
+  const ep = decodeEpisodeId(isPlainObject(record) ? record.episode_id : undefined);
+  if (!ep) throw refuse('invalid_checkpoint_state', 'a record to write has no valid episode_id');
+  return ep;
+}
+
+/** Kind-specific manifest fields, checked before anything is written: plain JSON, no core field. */
+function manifestExtras(extras: Record<string, unknown> | undefined): Record<string, unknown> {
+  if (!extras) return {};
+  for (const key of CORE_FIELDS) {
+    if (Object.prototype.hasOwnProperty.call(extras, key)) {
+      throw refuse('invalid_checkpoint_state', `manifest extras may not set ${key}`);
+    }
+  }
+  try {
+    // Normalized through JSON so the manifest equals what a reader of the published file gets.
+    return JSON.parse(JSON.stringify(extras)) as Record<string, unknown>;
+  } catch (err) {
+    throw refuse('invalid_checkpoint_state', `manifest extras are not JSON: ${(err as Error).message}`);
+  }
+}
+
+function buildManifest(opts: RecordsWriteOptions, extras: Record<string, unknown>, sha256: string, count: number): Manifest {
+  return {
+    ...extras,
+    schema_version: SCHEMA_VERSION,
+    kind: opts.kind,
+    instance: opts.instance,
+    checkpoint_id: opts.checkpointId,
+    records_file: recordsFileName(sha256),
+    records_sha256: sha256,
+    record_count: count,
+  };
+}
+
+const CORE_FIELDS = ['schema_version', 'kind', 'instance', 'checkpoint_id', 'records_file', 'records_sha256', 'record_count'];
+
+/** Like the reference: keys sorted at every level, one-space indent, no trailing newline. */
+function manifestText(manifest: Manifest): string {
+  return JSON.stringify(sortKeysDeep(manifest), null, 1);
+}
+
+function sortKeysDeep(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeysDeep);
+  if (v && typeof v === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) {
+      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
+    }
+    return out;
+  }
+  return v;
+}
+
+/**
+ * Creates `manifest.json` only if absent (§9.5 step 6): temp file, fsync, hard link (a link
+ * never replaces a name, so of two racing writers exactly one publishes). Returns 'created',
+ * or the manifest that was already there.
+ */
+async function publishManifest(dir: string, manifest: Manifest): Promise<'created' | Manifest> {
+  const tmp = path.join(dir, `.manifest.json.${randomSuffix()}`);
+  const target = path.join(dir, MANIFEST_FILE);
+  let created = false;
+  try {
+    const fh = await fsp.open(tmp, 'wx');
+    try {
+      await fh.writeFile(manifestText(manifest));
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    try {
+      await fsp.link(tmp, target);
+      created = true;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+  } finally {
+    await fsp.rm(tmp, { force: true });
+  }
+  if (created) {
+    await fsyncDir(dir);
+    return 'created';
+  }
+  const existing = await readManifestObject(dir);
+  if (!existing) throw refuse('invalid_checkpoint_state', `${target} exists but is not a JSON object`);
+  return existing as Manifest;
+}
+
+/**
+ * Encodes records straight into large byte batches (each line encoded once, never held as a JS
+ * string), hashes each batch, and writes it at its file position while the next is encoded.
+ */
+class RecordsSink {
+  private readonly hash: Hash = createHash('sha256');
+  private readonly encoder = new JsonLineEncoder((chunk) => this.emit(chunk), BATCH_BYTES);
+  private readonly pool: Buffer[] = [];
+  private readonly inflight: Promise<void>[] = [];
+  private pos = 0;
+  private count = 0;
+  private emitted = false;
+  private unsynced = 0;
+  private syncing: Promise<void> | undefined;
+  private failure: unknown;
+  private closed = false;
+
+  constructor(private readonly fh: FileHandle) {}
+
+  /**
+   * Appends one record. Returns a promise after each full batch: it waits for the disk when
+   * too many writes are in flight, and always yields to the event loop (control routes stay served).
+   */
+  add(record: object): Promise<void> | undefined {
+    if (this.failure !== undefined) throw this.failure;
+    const ep = recordEpisode(record);
+    try {
+      this.encoder.writeLine(record);
+    } catch (err) {
+      if (err instanceof LosslessJsonError) {
+        throw refuse('invalid_checkpoint_state', `the record of episode ${captureKey(ep)} cannot be serialized: ${err.message}`);
+      }
+      throw err;
+    }
+    this.count++;
+    if (!this.emitted) return undefined;
+    this.emitted = false;
+    return this.pause();
+  }
+
+  async finish(): Promise<{ sha256: string; count: number }> {
+    this.encoder.flush();
+    await Promise.all(this.inflight);
+    if (this.syncing) await this.syncing;
+    if (this.failure !== undefined) throw this.failure;
+    await this.fh.sync();
+    this.closed = true;
+    await this.fh.close();
+    return { sha256: this.hash.digest('hex'), count: this.count };
+  }
+
+  /** After a failure: let in-flight writes settle, then close the file. */
+  async abort(): Promise<void> {
+    await Promise.allSettled([...this.inflight, this.syncing]);
+    if (!this.closed) {
+      this.closed = true;
+      await this.fh.close().catch(() => {});
+    }
+  }
+
+  /** A batch from the encoder: a view valid only now, so hash it and copy it for the write. */
+  private emit(chunk: Buffer): void {
+    this.hash.update(chunk);
+    const pooled = chunk.length <= BATCH_BYTES;
+    const copy = (pooled && this.pool.pop()) || Buffer.allocUnsafe(pooled ? BATCH_BYTES : chunk.length);
+    chunk.copy(copy);
+    const data = copy.subarray(0, chunk.length);
+    const p = writeAll(this.fh, data, this.pos).then(
+      () => {
+        if (pooled) this.pool.push(copy);
+      },
+      (err: unknown) => {
+        this.failure ??= err;
+      },
+    );
+    this.pos += chunk.length;
+    this.inflight.push(p);
+    this.emitted = true;
+    this.unsynced += chunk.length;
+    if (this.unsynced >= EARLY_SYNC_BYTES && !this.syncing) {
+      // Starts disk writeback while we keep encoding (dirty pages otherwise wait for the fsync).
+      this.unsynced = 0;
+      this.syncing = Promise.all([...this.inflight])
+        .then(() => this.fh.datasync())
+        .catch((err: unknown) => {
+          this.failure ??= err;
+        })
+        .finally(() => {
+          this.syncing = undefined;
+        });
+    }
+  }
+
+  private async pause(): Promise<void> {
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    while (this.inflight.length >= MAX_INFLIGHT) await this.inflight.shift();
+    if (this.failure !== undefined) throw this.failure;
+  }
+}
+
+async function writeAll(fh: FileHandle, chunk: Buffer, position: number): Promise<void> {
+  let done = 0;
+  while (done < chunk.length) {
+    const { bytesWritten } = await fh.write(chunk, done, chunk.length - done, position + done);
+    if (bytesWritten <= 0) throw new Error('write made no progress');
+    done += bytesWritten;
+  }
+}
+
+async function fsyncDir(dir: string): Promise<void> {
+  const fh = await fsp.open(dir, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+function randomSuffix(): string {
+  return randomBytes(8).toString('hex');
+}
+
+// --- read -----------------------------------------------------------------------------------
+
+const READ_BYTES = 8 << 20;
+const SHA256_HEX = /^[0-9a-f]{64}$/;
+
+/** Reads, verifies and filters one participant's records (§9.6). Nothing is returned unless all verified. */
+export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecordsResult> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const where = `${opts.kind}/${opts.instance} in ${opts.checkpointDir}`;
+  try {
+    const manifest = await readManifest(dir, opts.kind, opts.instance, where);
+    const file = path.join(dir, manifest.records_file);
+    let fh: FileHandle;
+    try {
+      fh = await fsp.open(file, 'r');
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT') throw refuse('invalid_checkpoint_state', `records file ${manifest.records_file} of ${where} is missing`);
+      throw err;
+    }
+    const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
+    const hash = createHash('sha256');
+    // Two buffers: one is read into (ahead) while the other is hashed and parsed.
+    let spare: Buffer = Buffer.allocUnsafe(READ_BYTES);
+    let pending: Promise<Buffer> | undefined;
+    try {
+      let position = 0;
+      pending = readChunk(fh, Buffer.allocUnsafe(READ_BYTES), position);
+      for (;;) {
+        const chunk = await pending;
+        pending = undefined;
+        if (chunk.length === 0) break;
+        position += chunk.length;
+        pending = readChunk(fh, spare, position);
+        hash.update(chunk);
+        lines.feed(chunk);
+        spare = Buffer.from(chunk.buffer, chunk.byteOffset, READ_BYTES);
+        // Parsing 8 MB takes tens of ms: let control routes in between chunks.
+        await new Promise<void>((resolve) => setImmediate(resolve));
+      }
+      lines.end();
+    } finally {
+      if (pending) await pending.catch(() => {});
+      await fh.close().catch(() => {});
+    }
+    const sha256 = hash.digest('hex');
+    if (sha256 !== manifest.records_sha256) {
+      throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
+    }
+    if (lines.count !== manifest.record_count) {
+      throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${lines.count} records, manifest says ${manifest.record_count}`);
+    }
+    return { manifest, records: lines.kept };
+  } catch (err) {
+    throw storageError(err, `reading the records of ${where}`);
+  }
+}
+
+function readChunk(fh: FileHandle, buf: Buffer, position: number): Promise<Buffer> {
+  const p = fh.read(buf, 0, READ_BYTES, position).then(({ bytesRead }) => buf.subarray(0, bytesRead));
+  p.catch(() => {}); // awaited later; a failure must not count as unhandled meanwhile
+  return p;
+}
+
+/** Splits chunks on LF and turns each line into a kept (or discarded) record. */
+class RecordLines {
+  count = 0;
+  readonly kept: StoredRecord[] = [];
+  private partial: Buffer[] = [];
+
+  constructor(
+    private readonly file: string,
+    private readonly scope: ReadonlySet<CaptureKey> | null,
+    private readonly validate: ((record: StoredRecord) => unknown) | undefined,
+  ) {}
+
+  feed(chunk: Buffer): void {
+    let start = 0;
+    for (;;) {
+      const nl = chunk.indexOf(10, start);
+      if (nl < 0) break;
+      if (this.partial.length > 0) {
+        this.partial.push(chunk.subarray(start, nl));
+        const line = Buffer.concat(this.partial);
+        this.partial = [];
+        this.line(line, 0, line.length);
+      } else {
+        this.line(chunk, start, nl);
+      }
+      start = nl + 1;
+    }
+    // Copied: the chunk's buffer is read into again while this line is still incomplete.
+    if (start < chunk.length) this.partial.push(Buffer.from(chunk.subarray(start)));
+  }
+
+  /** A last line without LF still counts (as the reference's line iteration does). */
+  end(): void {
+    if (this.partial.length === 0) return;
+    const line = Buffer.concat(this.partial);
+    this.partial = [];
+    this.line(line, 0, line.length);
+  }
+
+  private line(buf: Buffer, start: number, end: number): void {
+    const n = ++this.count;
+    let value: unknown;
+    try {
+      value = parseLosslessUtf8(buf.subarray(start, end));
+    } catch (err) {
+      throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} is not JSON: ${(err as Error).message}`);
+    }
+    const ep = isPlainObject(value) ? decodeEpisodeId(value.episode_id) : undefined;
+    if (!ep) throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} has no valid episode_id`);
+    const key = captureKey(ep);
+    if (this.scope && !this.scope.has(key)) return;
+    const record = value as StoredRecord;
+    record.episode_id = ep;
+    if (this.validate) {
+      try {
+        this.validate(record);
+      } catch (err) {
+        const why = err instanceof ProtocolError ? err.detail : (err as Error)?.message ?? String(err);
+        throw refuse('invalid_checkpoint_state', `the record of episode ${key} is invalid: ${why}`);
+      }
+    }
+    this.kept.push(record);
+  }
+}
+
+async function readManifest(dir: string, kind: string, instance: string, where: string): Promise<Manifest> {
+  const m = await readManifestObject(dir);
+  const bad = (what: string) => refuse('invalid_checkpoint_state', `manifest of ${where}: ${what}`);
+  if (m === undefined) throw refuse('invalid_checkpoint_state', `no ${MANIFEST_FILE} for ${where}`);
+  if (m === null) throw bad('not a JSON object');
+  const version = m.schema_version;
+  if (!(version === SCHEMA_VERSION || (version instanceof LosslessNumber && version.valueOf() === SCHEMA_VERSION))) {
+    throw bad(`unsupported schema_version ${describeValue(version)}`);
+  }
+  if (m.kind !== kind) throw bad(`kind ${describeValue(m.kind)} is not ${JSON.stringify(kind)}`);
+  if (m.instance !== instance) throw bad(`instance ${describeValue(m.instance)} is not ${JSON.stringify(instance)}`);
+  if (typeof m.checkpoint_id !== 'string') throw bad('checkpoint_id is not a string');
+  if (typeof m.records_file !== 'string') throw bad('records_file is missing or not a string');
+  if (!RECORDS_FILE_PATTERN.test(m.records_file)) throw bad(`records_file ${JSON.stringify(m.records_file)} is not a records file name`);
+  if (typeof m.records_sha256 !== 'string' || !SHA256_HEX.test(m.records_sha256)) throw bad('records_sha256 is not a lowercase SHA-256 hex digest');
+  const count = m.record_count;
+  if (typeof count !== 'number' || !Number.isSafeInteger(count) || count < 0) throw bad('record_count is not a non-negative integer');
+  return { ...m, schema_version: SCHEMA_VERSION } as Manifest;
+}
+
+/**
+ * The parsed `manifest.json` of a participant dir: undefined when absent, null when present but
+ * not a JSON object. Parsed losslessly (a Python writer may put anything JSON in extras).
+ */
+async function readManifestObject(dir: string): Promise<Record<string, unknown> | null | undefined> {
+  let text: string;
+  try {
+    text = await fsp.readFile(path.join(dir, MANIFEST_FILE), 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw err;
+  }
+  let value: unknown;
+  try {
+    value = parseLossless(text);
+  } catch (err) {
+    throw refuse('invalid_checkpoint_state', `${path.join(dir, MANIFEST_FILE)} is not JSON: ${(err as Error).message}`);
+  }
+  return isPlainObject(value) ? value : null;
+}
+
+// --- helpers --------------------------------------------------------------------------------
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
+  const proto: unknown = Object.getPrototypeOf(v);
+  return proto === Object.prototype || proto === null;
+}
+
+/** A stored `episode_id` (§2.3 object form, `attempt` optional, no other keys). */
+function decodeEpisodeId(v: unknown): EpisodeId | undefined {
+  if (!isPlainObject(v)) return undefined;
+  let n = 0;
+  for (const k in v) {
+    if (k !== 'rollout_id' && k !== 'attempt') return undefined;
+    n++;
+  }
+  const rollout = v.rollout_id;
+  if (typeof rollout !== 'string' || !isValidRolloutId(rollout)) return undefined;
+  const attempt = v.attempt === undefined ? 0 : v.attempt;
+  if (typeof attempt !== 'number' || !Number.isSafeInteger(attempt) || attempt < 0) return undefined;
+  return n > 0 ? { rollout_id: rollout, attempt } : undefined;
+}
+
+function describeValue(v: unknown): string {
+  if (v === undefined) return '(missing)';
+  try {
+    return stringifyLossless(v);
+  } catch {
+    return String(v);
+  }
+}
+
+/** Whole-object equality of two parsed manifests (key order ignored; 1 equals 1.0, as in Python). */
+function manifestsEqual(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  const na = numeric(a);
+  const nb = numeric(b);
+  if (na !== undefined || nb !== undefined) {
+    if (na === undefined || nb === undefined) return false;
+    if (typeof na === 'bigint' || typeof nb === 'bigint') return String(na) === String(nb);
+    return na === nb || (na !== na && nb !== nb);
+  }
+  if (Array.isArray(a) || Array.isArray(b)) {
+    if (!Array.isArray(a) || !Array.isArray(b) || a.length !== b.length) return false;
+    return a.every((x, i) => manifestsEqual(x, b[i]));
+  }
+  const ea = entriesOf(a);
+  const eb = entriesOf(b);
+  if (!ea || !eb || ea.size !== eb.size) return false;
+  for (const [k, v] of ea) {
+    if (!eb.has(k) || !manifestsEqual(v, eb.get(k))) return false;
+  }
+  return true;
+}
+
+function numeric(v: unknown): number | bigint | undefined {
+  if (typeof v === 'number' || typeof v === 'bigint') return v;
+  if (v instanceof LosslessNumber) return v.valueOf();
+  return undefined;
+}
+
+function entriesOf(v: unknown): Map<string, unknown> | undefined {
+  if (v instanceof Map) return v as Map<string, unknown>;
+  if (isPlainObject(v)) return new Map(Object.entries(v));
+  return undefined;
+}
+
+/** Any failure of a storage call as `invalid_checkpoint_state` (§9.7), never an untyped error. */
+function storageError(err: unknown, context: string): ProtocolError {
+  if (err instanceof ProtocolError) return err;
+  const e = err as NodeJS.ErrnoException;
+  const what = e?.code ? `${e.code}: ${e.message}` : (e?.message ?? String(err));
+  return refuse('invalid_checkpoint_state', `${context}: ${what}`);
+}
