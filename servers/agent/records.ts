@@ -1,0 +1,95 @@
+// The agent's checkpoint records (`AgentSessionRecord`, participants.md §3.6; control-plane.md §10):
+// `{episode_id, session_key, session, boundary, episode}`, built at export, checked and turned back
+// into sessions at restore.
+import { z } from 'zod';
+import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
+import { LosslessNumber, OrderedObject } from '../../protocol/lossless-json.js';
+import type { CheckpointRecord } from '../control/hooks.js';
+import { LoopStateSchema, pinBoundary, type LoopState } from './loop-state.js';
+import { grantOf } from './seed.js';
+import { newSession, type AgentSession } from './sessions.js';
+import { SeedRequestSchema, type CompletedReply, type Observations } from './wire.js';
+
+/** `export_agent_sessions` of Simple Agent: the session as JSON. */
+export function sessionJson(s: AgentSession): Record<string, unknown> {
+  return {
+    request: s.request,
+    resources_cookies: s.resourcesCookies,
+    observations: s.observations,
+    activations: s.activations,
+    completed_activation: s.completedActivation,
+    completed_reply: s.completedReply,
+  };
+}
+
+export function sessionRecord(s: AgentSession): CheckpointRecord {
+  const boundary = s.boundary ? s.boundary() : null;
+  return { episode_id: s.episode!, session_key: s.key, session: sessionJson(s), boundary, episode: null };
+}
+
+const SessionJsonSchema = z.looseObject({
+  request: SeedRequestSchema,
+  // `null` must round-trip as null (a session without a direct HTTP grant).
+  resources_cookies: z.record(z.string(), z.string()).nullable(),
+  observations: z
+    .looseObject({ source: z.string(), records: z.array(z.unknown()), gaps: z.array(z.unknown()) })
+    .nullable()
+    .default(null),
+  activations: z.number().int().min(0),
+  completed_activation: z.number().int().min(0),
+  completed_reply: z.looseObject({ response: z.record(z.string(), z.unknown()), cookies: z.record(z.string(), z.string()) }).nullable(),
+});
+
+const AgentRecordSchema = z.looseObject({
+  episode_id: EpisodeIdSchema,
+  session_key: z.string().min(1),
+  session: SessionJsonSchema,
+  boundary: LoopStateSchema.nullable(),
+  // A legacy `/run` episode's own boundary: Simple Agent's legacy `/run` is not served here.
+  episode: z.null().default(null),
+});
+export type AgentRecord = z.infer<typeof AgentRecordSchema>;
+
+/** Lossless values read from a records file → plain JSON values. */
+function plain(v: unknown): unknown {
+  if (v instanceof LosslessNumber) return v.valueOf();
+  if (typeof v === 'bigint') return Number(v);
+  if (v instanceof OrderedObject) return plain(v.toPlain());
+  if (Array.isArray(v)) return v.map(plain);
+  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, plain(x)]));
+  return v;
+}
+
+/** Parses one record; a throw names what is wrong (the plane adds the episode). */
+export function parseRecord(record: CheckpointRecord): AgentRecord {
+  const r = AgentRecordSchema.safeParse(plain(record));
+  if (!r.success) {
+    const issue = r.error.issues[0]!;
+    throw new Error(`${issue.path.join('.') || 'record'}: ${issue.message}`);
+  }
+  if (r.data.session.completed_activation > r.data.session.activations) {
+    throw new Error('session.completed_activation is larger than session.activations');
+  }
+  grantOf(r.data.session.request);
+  return r.data;
+}
+
+/** The session a replacement attempt continues (restore_agent_sessions + registration). */
+export function restoredSession(r: AgentRecord): AgentSession {
+  const replacement: EpisodeId = nextAttempt(r.episode_id);
+  const request = { ...r.session.request, episode_id: replacement };
+  const s = newSession({ key: r.session_key, episode: replacement, request, grant: grantOf(request) });
+  s.resourcesCookies = r.session.resources_cookies;
+  s.observations = r.session.observations as Observations | null;
+  s.activations = r.session.activations;
+  s.completedActivation = r.session.completed_activation;
+  s.completedReply = r.session.completed_reply as CompletedReply | null;
+  if (r.boundary) {
+    const continuation = r.boundary as LoopState;
+    s.continuation = continuation;
+    // Exported again as is if a checkpoint comes before the replacement claims it.
+    s.boundary = pinBoundary(structuredClone(continuation));
+  }
+  s.restoredPending = true;
+  return s;
+}

@@ -1,0 +1,92 @@
+// Data-plane HTTP between Gym servers: one undici pool for data calls (control calls have their
+// own, activities/control-client.ts), no 300 s body/header timeouts (a call parked during a
+// checkpoint may wait long), JSON in and out, cookies as name → value maps, and the
+// `/ng-rollout/<capture key>` prefix added for calls made inside an episode.
+import { Agent, request } from 'undici';
+import { rolloutPath, type CaptureKey } from '../../protocol/ids.js';
+import { cookieHeader, parseSetCookies } from './session-cookie.js';
+
+let dataPool: Agent | undefined;
+
+export function dataAgent(): Agent {
+  dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 256, keepAliveTimeout: 30_000 });
+  return dataPool;
+}
+
+export async function closeDataAgent(): Promise<void> {
+  const p = dataPool;
+  dataPool = undefined;
+  await p?.close();
+}
+
+export interface JsonCallOptions {
+  /** Prefix the path with `/ng-rollout/<key>` (calls made inside an episode). */
+  rollout?: CaptureKey;
+  cookies?: Record<string, string> | null;
+  headers?: Record<string, string>;
+  signal?: AbortSignal;
+  method?: 'POST' | 'GET';
+}
+
+export interface JsonReply<T = unknown> {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: T;
+  /** Cookies the reply set. */
+  cookies: Record<string, string>;
+}
+
+/** Joins a base URL (which may itself end with `/ng-rollout/<key>`) and a path. */
+export function joinPath(base: string, path: string): string {
+  return `${base.replace(/\/+$/, '')}${path.startsWith('/') ? path : `/${path}`}`;
+}
+
+export async function callJson<T = unknown>(baseUrl: string, path: string, body: unknown, opts: JsonCallOptions = {}): Promise<JsonReply<T>> {
+  const routed = opts.rollout !== undefined && !path.startsWith('/ng-rollout/') ? rolloutPath(opts.rollout, path) : path;
+  const headers: Record<string, string> = { ...(opts.headers ?? {}) };
+  const cookie = cookieHeader(opts.cookies);
+  if (cookie) headers.cookie = cookie;
+  const method = opts.method ?? 'POST';
+  if (method === 'POST') headers['content-type'] = 'application/json';
+  const res = await request(joinPath(baseUrl, routed), {
+    method,
+    headers,
+    body: method === 'POST' ? JSON.stringify(body ?? {}) : undefined,
+    signal: opts.signal,
+    dispatcher: dataAgent(),
+  });
+  const text = await res.body.text();
+  let parsed: unknown = text;
+  if (text.length) {
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      /* not JSON: keep the text */
+    }
+  }
+  return { status: res.statusCode, headers: res.headers, body: parsed as T, cookies: parseSetCookies(res.headers['set-cookie']) };
+}
+
+/** An HTTP error from a peer, keeping its status and envelope code for the caller's decisions. */
+export class PeerHttpError extends Error {
+  constructor(
+    readonly url: string,
+    readonly status: number,
+    readonly body: unknown,
+  ) {
+    super(`${url} answered HTTP ${status}: ${typeof body === 'string' ? body.slice(0, 300) : JSON.stringify(body).slice(0, 300)}`);
+    this.name = 'PeerHttpError';
+  }
+
+  get code(): string | undefined {
+    const b = this.body as { error?: { code?: unknown } } | undefined;
+    return typeof b?.error?.code === 'string' ? b.error.code : undefined;
+  }
+}
+
+/** callJson that throws PeerHttpError on any non-2xx reply. */
+export async function callJsonOk<T = unknown>(baseUrl: string, path: string, body: unknown, opts: JsonCallOptions = {}): Promise<JsonReply<T>> {
+  const r = await callJson<T>(baseUrl, path, body, opts);
+  if (r.status < 200 || r.status >= 300) throw new PeerHttpError(joinPath(baseUrl, path), r.status, r.body);
+  return r;
+}

@@ -1,0 +1,104 @@
+// The cleanups one episode registers (participants.md §2.4, §2.7 step 6): remote sessions to close.
+// Final cleanup runs them newest-first, each at most once successfully, all within one timeout,
+// and is shielded from the episode's cancellation (it gets its own signal, never the episode's).
+// A callback that failed stays pending, so a later registration that closes it retries it once.
+
+export type CleanupCallback = (signal: AbortSignal) => Promise<void>;
+
+interface Entry {
+  name: string;
+  callback: CleanupCallback;
+  active: boolean;
+  /** Serializes concurrent closes of one entry (a close during the protocol and the final unwind). */
+  running: Promise<void> | undefined;
+}
+
+export class CleanupHandle {
+  constructor(
+    private readonly entry: Entry,
+    private readonly timeoutMs: number,
+  ) {}
+
+  get pending(): boolean {
+    return this.entry.active;
+  }
+
+  /**
+   * Runs the callback unless it already succeeded, bounded by the cleanup timeout and, when given,
+   * by `signal` (a close during the protocol stops with the episode; final cleanup passes none).
+   */
+  async close(signal?: AbortSignal): Promise<void> {
+    const timeout = AbortSignal.timeout(this.timeoutMs);
+    const bound = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    for (;;) {
+      const running = this.entry.running;
+      if (running) {
+        await raceAbort(running.catch(() => undefined), bound);
+        continue;
+      }
+      if (!this.entry.active) return;
+      const run = this.entry.callback(bound).then(() => {
+        this.entry.active = false;
+      });
+      this.entry.running = run;
+      try {
+        return await raceAbort(run, bound);
+      } finally {
+        if (this.entry.running === run) {
+          // A callback cut off by its signal may still settle later; it no longer holds the entry.
+          this.entry.running = undefined;
+          run.catch(() => undefined);
+        }
+      }
+    }
+  }
+}
+
+export class CleanupStack {
+  private readonly entries: Entry[] = [];
+
+  constructor(
+    private readonly timeoutMs: number,
+    private readonly log: (msg: string, err?: unknown) => void = () => undefined,
+  ) {}
+
+  register(name: string, callback: CleanupCallback): CleanupHandle {
+    const entry: Entry = { name, callback, active: true, running: undefined };
+    this.entries.push(entry);
+    return new CleanupHandle(entry, this.timeoutMs);
+  }
+
+  /** Final cleanup: newest-first, failures logged and skipped, everything within the timeout. */
+  async unwind(): Promise<void> {
+    const overall = AbortSignal.timeout(this.timeoutMs);
+    for (const entry of [...this.entries].reverse()) {
+      if (overall.aborted) {
+        this.log(`episode cleanup timed out before '${entry.name}'`);
+        return;
+      }
+      try {
+        await new CleanupHandle(entry, this.timeoutMs).close(overall);
+      } catch (err) {
+        this.log(`episode cleanup failed: ${entry.name}`, err);
+      }
+    }
+  }
+}
+
+function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = (): void => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (err: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err);
+      },
+    );
+  });
+}
