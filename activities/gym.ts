@@ -1,0 +1,399 @@
+// The Gym coordination activities: discovery and one control-plane fan-out per activity
+// (control-plane.md §11), with CoordinationErrors turned into typed ApplicationFailures that the
+// checkpoint workflow branches on (docs/controller.md "Activities").
+import { createHash } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { ApplicationFailure } from '@temporalio/common';
+import {
+  FAILURE_TYPES,
+  type GymCommitOutcome,
+  type GymMember,
+  type GymParticipantCommit,
+  type GymPrepareOutcome,
+  type GymRestoreOutcome,
+  type GymTopology,
+} from '../protocol/controller.js';
+import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
+import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
+import {
+  activityContext,
+  checkSeconds,
+  clip,
+  clipMessage,
+  errorMessage,
+  heartbeating,
+  invariantFailure,
+  logger,
+  storageFailure,
+  type ActivityLog,
+} from './activity-context.js';
+import {
+  commit,
+  committedEnvironmentKeys,
+  discover,
+  failureClass,
+  forget,
+  isCoordinationError,
+  prepare,
+  preparedBlockers,
+  preparedRestarts,
+  refusalCode,
+  renew,
+  restore,
+  resume,
+  retire,
+  sortMembers,
+  type Deployment,
+} from './coordination.js';
+
+export interface GymActivityDeps {
+  controlToken: string;
+  log?: ActivityLog;
+}
+
+export const ENDPOINTS_FILE = 'endpoints.json';
+
+/** SHA-256 hex of the sorted `name:kind` lines of the members (one per line). */
+export function topologyFingerprint(members: readonly { name: string; kind: string }[]): string {
+  const lines = members.map((m) => `${m.name}:${m.kind}`).sort();
+  return createHash('sha256').update(lines.join('\n'), 'utf8').digest('hex');
+}
+
+/**
+ * A coordination error as the ApplicationFailure workflows branch on:
+ * a refusal → non-retryable, typed by its code; a protocol violation (or a deployment-level
+ * failure such as "no policy model") → non-retryable `invariant_error`; otherwise (transport,
+ * 5xx, timeouts, `deadline_exceeded` and other retryable refusals) → retryable `gym_transient`.
+ * Anything that is not a coordination error is a bug on our side: `invariant_error`.
+ */
+export function gymFailure(err: unknown): unknown {
+  if (err instanceof ApplicationFailure) return err;
+  if (!isCoordinationError(err)) return invariantFailure(`unexpected error: ${errorMessage(err)}`);
+  const failures: Record<string, string> = {};
+  for (const [name, f] of Object.entries(err.failures)) failures[name] = clip(f.description);
+  const details = { operation: err.operation, failures };
+  const message = clipMessage(err.message);
+  const code = refusalCode(err);
+  if (code !== undefined) return ApplicationFailure.nonRetryable(message, code, details);
+  const classes = Object.values(err.failures).map(failureClass);
+  if (classes.length === 0 || classes.includes('protocol_violation')) {
+    return ApplicationFailure.nonRetryable(message, FAILURE_TYPES.invariant, details);
+  }
+  return ApplicationFailure.retryable(message, FAILURE_TYPES.transient, details);
+}
+
+async function gymCall<T>(details: unknown, fn: (signal: AbortSignal | undefined) => Promise<T>): Promise<T> {
+  try {
+    return await heartbeating(details, fn);
+  } catch (err) {
+    // heartbeating already replaced the error by the cancellation when the activity was cancelled.
+    if (activityContext()?.cancellationSignal.aborted) throw err;
+    throw gymFailure(err);
+  }
+}
+
+function deploymentOf(token: string, topology: GymTopology): Deployment {
+  if (!topology || !Array.isArray(topology.members)) throw invariantFailure('topology has no members list');
+  return { token, members: sortMembers(topology.members) };
+}
+
+/** Absolute epoch seconds `timeoutS` from now. */
+function deadlineIn(timeoutS: number): number {
+  return Date.now() / 1000 + checkSeconds('timeoutS', timeoutS);
+}
+
+const secondsSince = (startMs: number): number => (Date.now() - startMs) / 1000;
+
+// --- inputs and outputs -------------------------------------------------------------------------
+
+export interface DiscoverGymInput {
+  runDir: string;
+  /** Require a policy model participant (§11.1 step 4). Default false until the model takes part. */
+  requireModel?: boolean;
+}
+
+export interface GymCallInput {
+  topology: GymTopology;
+  checkpointId: string;
+  timeoutS: number;
+}
+
+export interface GymCommitInput extends GymCallInput {
+  checkpointDir: string;
+  /** Every episode the controller continues (restarts already removed). */
+  scope: EpisodeId[];
+  /** Stop after this checkpoint instead of resuming; sent only when true. */
+  stop?: boolean;
+}
+
+export interface GymRenewOutcome {
+  checkpointId: string;
+  /** server name → lease expiry (epoch seconds). */
+  leases: Record<string, number>;
+  seconds: number;
+}
+
+export interface GymResumeOutcome {
+  checkpointId: string;
+  /** Servers whose resume was a replay (already idle under this ID). */
+  idempotent: string[];
+  seconds: number;
+}
+
+export interface GymRestoreInput {
+  topology: GymTopology;
+  /** The restore's own ID (not the source checkpoint's). */
+  restoreId: string;
+  timeoutS: number;
+  /** The published snapshot directory (participants read `<dir>/gym/<kind>/<instance>`). */
+  checkpointDir: string;
+  /** The checkpointed attempts N to continue. */
+  scope: EpisodeId[];
+  /** When given, every participant must report restoring from this checkpoint. */
+  sourceCheckpointId?: string;
+}
+
+export interface GymRetireInput {
+  topology: GymTopology;
+  timeoutS: number;
+  episodes: EpisodeId[];
+  /** Default `retire`; after a restore and before its resume, the restore's ID. */
+  checkpointId?: string;
+}
+
+export interface GymRetireOutcome {
+  /** server name → retired count. */
+  retired: Record<string, number>;
+  seconds: number;
+}
+
+export interface GymForgetInput {
+  topology: GymTopology;
+  timeoutS: number;
+  rolloutIds: string[];
+  /** Default `forget`. */
+  checkpointId?: string;
+}
+
+export interface GymForgetOutcome {
+  /** server name → forgotten count. */
+  forgotten: Record<string, number>;
+  seconds: number;
+}
+
+// --- the activities -----------------------------------------------------------------------------
+
+async function readEndpoints(runDir: string): Promise<Endpoints> {
+  const file = path.join(runDir, ENDPOINTS_FILE);
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    // Missing: the launcher may not have written it yet; retry.
+    throw storageFailure(`cannot read ${file}`, err);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
+  }
+  const parsed = EndpointsSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    throw invariantFailure(`${file} is invalid at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
+  }
+  return parsed.data;
+}
+
+export function createGymActivities(deps: GymActivityDeps) {
+  const token = deps.controlToken;
+  const log = logger(deps.log);
+
+  return {
+    /** Reads `<runDir>/endpoints.json` and probes every server except inference ones. */
+    async discoverGym(input: DiscoverGymInput): Promise<GymTopology> {
+      const endpoints = await readEndpoints(input.runDir);
+      const candidates = Object.entries(endpoints)
+        .filter(([, e]) => e.kind !== 'inference')
+        .map(([name, e]) => ({ name, url: e.url }));
+      const found = await gymCall({ op: 'discover' }, (signal) =>
+        discover({ servers: candidates, token, requireModel: input.requireModel ?? false, ...(signal ? { signal } : {}) }),
+      );
+      const members: GymMember[] = found.members.map((m) => ({ name: m.name, url: m.url, kind: m.kind }));
+      const servers: GymTopology['servers'] = {};
+      for (const [name, e] of Object.entries(endpoints)) servers[name] = { kind: e.kind, url: e.url };
+      return { members, servers, fingerprint: topologyFingerprint(members) };
+    },
+
+    /** Not prepared is an answer, not an error: the workflow resumes, retires stragglers, and tries a new ID. */
+    async gymPrepare(input: GymCallInput): Promise<GymPrepareOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      const result = await gymCall({ op: 'prepare', checkpointId: input.checkpointId }, (signal) =>
+        prepare(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
+      );
+      return {
+        checkpointId: input.checkpointId,
+        prepared: result.prepared,
+        restarts: preparedRestarts(result).map(captureKey),
+        blockers: preparedBlockers(result),
+        seconds: secondsSince(start),
+      };
+    },
+
+    /**
+     * Commit to every member, then the controller-side checks of controller.md §2.3 step 5 (ID,
+     * topology, scope): a mismatch is an invariant violation. Participant manifests and records
+     * on disk are checked by validateSnapshot before publication.
+     */
+    async gymCommit(input: GymCommitInput): Promise<GymCommitOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      if (!Array.isArray(input.scope)) throw invariantFailure('commit scope must be a list of episodes');
+      const replies = await gymCall({ op: 'commit', checkpointId: input.checkpointId }, (signal) =>
+        commit(dep, {
+          checkpointId: input.checkpointId,
+          deadlineTs,
+          checkpointDir: input.checkpointDir,
+          scope: input.scope,
+          ...(input.stop === true ? { stop: true } : {}),
+          ...(signal ? { signal } : {}),
+        }),
+      );
+      const scopeKeys = new Set<CaptureKey>(input.scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt ?? 0 })));
+      const participants: Record<string, GymParticipantCommit> = {};
+      const problems: string[] = [];
+      for (const m of dep.members) {
+        const reply = replies[m.name];
+        if (!reply) {
+          problems.push(`${m.name}: no commit reply`);
+          continue;
+        }
+        const man = reply.manifest;
+        if (man.checkpoint_id !== input.checkpointId) problems.push(`${m.name}: committed checkpoint ${JSON.stringify(man.checkpoint_id)}`);
+        if (man.kind !== m.kind) problems.push(`${m.name}: manifest kind ${JSON.stringify(man.kind)}, discovered ${m.kind}`);
+        if (man.instance !== m.name) problems.push(`${m.name}: manifest instance ${JSON.stringify(man.instance)}`);
+        const outside = reply.episode_ids.filter((k) => !scopeKeys.has(k));
+        if (outside.length > 0) problems.push(`${m.name}: committed episodes outside the scope: ${outside.slice(0, 10).join(', ')}`);
+        participants[m.name] = {
+          kind: man.kind,
+          instance: man.instance,
+          manifest: man as Record<string, unknown>,
+          episode_ids: [...reply.episode_ids],
+        };
+      }
+      for (const name of Object.keys(replies)) {
+        if (!dep.members.some((m) => m.name === name)) problems.push(`${name}: replied but is not in the topology`);
+      }
+      if (problems.length > 0) {
+        throw invariantFailure(`commit ${input.checkpointId} does not match the topology or scope: ${problems.join('; ')}`, {
+          problems: problems.slice(0, 20).map((p) => clip(p)),
+        });
+      }
+      return {
+        checkpointId: input.checkpointId,
+        participants,
+        environmentKeys: committedEnvironmentKeys(dep, replies),
+        seconds: secondsSince(start),
+      };
+    },
+
+    /** Extends the leases while publication runs long. */
+    async gymRenew(input: GymCallInput): Promise<GymRenewOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      const replies = await gymCall({ op: 'renew', checkpointId: input.checkpointId }, (signal) =>
+        renew(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
+      );
+      const leases: Record<string, number> = {};
+      for (const [name, r] of Object.entries(replies)) leases[name] = r.lease_expires_at;
+      return { checkpointId: input.checkpointId, leases, seconds: secondsSince(start) };
+    },
+
+    /** Release (after publish) or abort (before): the same call; every stage runs even if one fails. */
+    async gymResume(input: GymCallInput): Promise<GymResumeOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      const replies = await gymCall({ op: 'resume', checkpointId: input.checkpointId }, (signal) =>
+        resume(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
+      );
+      const idempotent = Object.keys(replies)
+        .filter((n) => replies[n]!.idempotent)
+        .sort();
+      return { checkpointId: input.checkpointId, idempotent, seconds: secondsSince(start) };
+    },
+
+    /** All or nothing: on failure coordination retires the replacements and resumes before raising. */
+    async gymRestore(input: GymRestoreInput): Promise<GymRestoreOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      if (!Array.isArray(input.scope)) throw invariantFailure('restore scope must be a list of episodes');
+      const replies = await gymCall({ op: 'restore', checkpointId: input.restoreId }, (signal) =>
+        restore(dep, {
+          checkpointId: input.restoreId,
+          deadlineTs,
+          checkpointDir: input.checkpointDir,
+          scope: input.scope,
+          log,
+          ...(signal ? { signal } : {}),
+        }),
+      );
+      if (input.sourceCheckpointId !== undefined) {
+        const wrong = Object.entries(replies)
+          .filter(([, r]) => r.source_checkpoint_id !== input.sourceCheckpointId)
+          .map(([name, r]) => `${name}: ${JSON.stringify(r.source_checkpoint_id)}`);
+        if (wrong.length > 0) {
+          throw invariantFailure(
+            `restore ${input.restoreId}: participants restored another checkpoint than ${input.sourceCheckpointId}: ${wrong.join('; ')}`,
+          );
+        }
+      }
+      const restored: Record<string, CaptureKey[]> = {};
+      for (const [name, r] of Object.entries(replies)) restored[name] = [...r.restored];
+      return { restoreId: input.restoreId, restored, seconds: secondsSince(start) };
+    },
+
+    async gymRetire(input: GymRetireInput): Promise<GymRetireOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      const replies = await gymCall({ op: 'retire', count: input.episodes.length }, (signal) =>
+        retire(dep, {
+          deadlineTs,
+          episodes: input.episodes,
+          ...(input.checkpointId !== undefined ? { checkpointId: input.checkpointId } : {}),
+          ...(signal ? { signal } : {}),
+        }),
+      );
+      const retired: Record<string, number> = {};
+      for (const [name, r] of Object.entries(replies)) retired[name] = r.retired_count;
+      return { retired, seconds: secondsSince(start) };
+    },
+
+    async gymForget(input: GymForgetInput): Promise<GymForgetOutcome> {
+      const start = Date.now();
+      const dep = deploymentOf(token, input.topology);
+      const deadlineTs = deadlineIn(input.timeoutS);
+      const replies = await gymCall({ op: 'forget', count: input.rolloutIds.length }, (signal) =>
+        forget(dep, {
+          deadlineTs,
+          rolloutIds: input.rolloutIds,
+          ...(input.checkpointId !== undefined ? { checkpointId: input.checkpointId } : {}),
+          ...(signal ? { signal } : {}),
+        }),
+      );
+      const forgotten: Record<string, number> = {};
+      for (const [name, r] of Object.entries(replies)) forgotten[name] = r.forgotten_count;
+      return { forgotten, seconds: secondsSince(start) };
+    },
+  };
+}
+
+export type GymActivities = ReturnType<typeof createGymActivities>;

@@ -1,0 +1,158 @@
+// One physical rollout attempt: POST `/run` to the environment server and map its reply to a
+// RolloutReport. `/run` lasts minutes to hours, so it gets its own undici pool without the 300 s
+// header/body timeouts; heartbeats carry cancellation to the call, which aborts the request.
+import { ApplicationFailure } from '@temporalio/common';
+import { Agent, request } from 'undici';
+import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput } from '../protocol/controller.js';
+import { errorCodeOf } from '../protocol/errors.js';
+import { captureKey } from '../protocol/ids.js';
+import { RunReplySchema, type RunFailure, type RunResult } from '../protocol/tasks.js';
+import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
+import { joinUrl } from './control-client.js';
+
+/** Wait before retrying a `/run` refused with `admission_closed` (a checkpoint is open). */
+export const ADMISSION_CLOSED_RETRY_DELAY = '2s';
+/** Summary fields kept from a result (besides reward). */
+const MAX_SUMMARY_FIELDS = 24;
+const MAX_SUMMARY_STRING = 200;
+const MAX_REASON = 1_000;
+
+let pool: Agent | undefined;
+
+/** The `/run` pool: not the control pool (data calls parked by a checkpoint must not starve control calls). */
+export function runPool(): Agent {
+  pool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+  return pool;
+}
+
+export async function closeRunPool(): Promise<void> {
+  const old = pool;
+  pool = undefined;
+  if (old) await old.close();
+}
+
+/** Reward plus the small scalar fields of a result; never the trajectory. */
+export function summarizeResult(result: RunResult): Record<string, unknown> {
+  const out: Record<string, unknown> = { reward: result.reward };
+  let n = 0;
+  for (const [k, v] of Object.entries(result)) {
+    if (k === 'reward' || n >= MAX_SUMMARY_FIELDS) continue;
+    const small =
+      v === null ||
+      typeof v === 'boolean' ||
+      (typeof v === 'number' && Number.isFinite(v)) ||
+      (typeof v === 'string' && v.length <= MAX_SUMMARY_STRING);
+    if (small) {
+      out[k] = v;
+      n++;
+    }
+  }
+  return out;
+}
+
+function failureSummary(f: RunFailure): Record<string, unknown> {
+  return {
+    ...(f.stage !== undefined ? { stage: f.stage } : {}),
+    ...(f.failure_kind !== undefined ? { failure_kind: f.failure_kind } : {}),
+  };
+}
+
+function transient(message: string, details: Record<string, unknown>, nextRetryDelay?: string): ApplicationFailure {
+  return ApplicationFailure.create({
+    message: clip(message, 2_000),
+    type: FAILURE_TYPES.transient,
+    nonRetryable: false,
+    details: [details],
+    ...(nextRetryDelay !== undefined ? { nextRetryDelay } : {}),
+  });
+}
+
+/** Maps one `/run` HTTP reply to a report, or throws the typed failure. */
+export function reportOfReply(input: RunEpisodeInput, status: number, body: unknown, seconds: number): RolloutReport {
+  const key = captureKey(input.episode);
+  const base = { captureKey: key, episode: { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt }, seconds };
+  if (status === 200) {
+    const parsed = RunReplySchema.safeParse(body);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0]!;
+      const reason = `invalid /run reply at ${issue.path.join('.') || '(body)'}: ${issue.message}`;
+      return { ...base, status: 'failed', reward: null, terminal: true, reason: clip(reason, MAX_REASON), result: null };
+    }
+    const reply = parsed.data;
+    if (captureKey(reply.episode_id) !== key) {
+      const reason = `/run reply names episode ${captureKey(reply.episode_id)}, expected ${key}`;
+      return { ...base, status: 'failed', reward: null, terminal: true, reason, result: null };
+    }
+    if (reply.result) {
+      return { ...base, status: 'completed', reward: reply.result.reward, terminal: false, result: summarizeResult(reply.result) };
+    }
+    const f = reply.failure!;
+    return {
+      ...base,
+      status: 'failed',
+      reward: null,
+      terminal: f.terminal,
+      reason: clip(f.failure_reason, MAX_REASON),
+      result: failureSummary(f),
+    };
+  }
+  const code = errorCodeOf(body);
+  const detail =
+    code !== undefined
+      ? String((body as { error: { detail?: unknown } }).error.detail ?? '')
+      : typeof body === 'string'
+        ? body
+        : JSON.stringify(body);
+  const message = `/run of ${key} on ${input.environment}: HTTP ${status}${code ? ` ${code}` : ''} ${clip(detail)}`.trim();
+  const details = { captureKey: key, environment: input.environment, status, ...(code ? { code } : {}), detail: clip(detail) };
+  if (status >= 500) throw transient(message, details);
+  if (status === 409 && code === 'admission_closed') throw transient(message, details, ADMISSION_CLOSED_RETRY_DELAY);
+  // stale_attempt (the attempt was retired) and every other refusal: the same request gets the same answer.
+  throw ApplicationFailure.nonRetryable(clip(message, 2_000), code ?? `http_${status}`, details);
+}
+
+export function createRolloutActivities() {
+  return {
+    async runEpisode(input: RunEpisodeInput): Promise<RolloutReport> {
+      const start = Date.now();
+      if (!input?.episode || typeof input.environmentUrl !== 'string') throw invariantFailure('runEpisode needs an episode and an environmentUrl');
+      const key = captureKey(input.episode);
+      const body = JSON.stringify({ episode_id: { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt }, task: input.task });
+      const url = joinUrl(input.environmentUrl, '/run');
+      const reply = await heartbeating({ captureKey: key }, async (signal) => {
+        try {
+          const res = await request(url, {
+            method: 'POST',
+            dispatcher: runPool(),
+            headers: { 'content-type': 'application/json' },
+            body,
+            ...(signal ? { signal } : {}),
+          });
+          const text = await res.body.text();
+          let parsed: unknown = text;
+          if (text.length > 0) {
+            try {
+              parsed = JSON.parse(text);
+            } catch {
+              parsed = text;
+            }
+          }
+          return { status: res.statusCode, body: parsed };
+        } catch (err) {
+          if (signal?.aborted) throw err; // heartbeating rethrows the cancellation
+          // Transport error: `/run` is idempotent per attempt, so a retry attaches to the running
+          // attempt or receives its kept reply.
+          throw transient(`/run of ${key} on ${input.environment}: transport error: ${errorMessage(err)}`, {
+            captureKey: key,
+            environment: input.environment,
+            code: (err as { code?: unknown }).code ?? null,
+          });
+        }
+      });
+      // A reply that arrived is reported even if cancellation raced it: the attempt is over either way.
+      return reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
+    },
+  };
+}
+
+export type RolloutActivities = ReturnType<typeof createRolloutActivities>;

@@ -1,0 +1,575 @@
+// The snapshot bundle (docs/controller.md "The snapshot bundle", controller.md §3):
+//   <checkpoint_dir>/<anchor>/rollout_snapshots/{tmp_,trash_,}snapshot_NNNNNN/
+//     gym/<kind>/<instance>/   written by the Gym commit
+//     ledger.json              the controller's ledger cut
+//     manifest.json            written last
+// Allocation, writing, validation, atomic publication, retention and selection for restore.
+// Every step may run twice (activity retries), so each is idempotent.
+import { createHash, randomBytes } from 'node:crypto';
+import { createReadStream, promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { ApplicationFailure } from '@temporalio/common';
+import { z } from 'zod';
+import { FAILURE_TYPES, type SnapshotLocation, type SnapshotManifest } from '../protocol/controller.js';
+import { isProtocolError } from '../protocol/errors.js';
+import { CaptureKeySchema, CheckpointIdSchema } from '../protocol/ids.js';
+import { LosslessNumber } from '../protocol/lossless-json.js';
+import { ManifestSchema } from '../protocol/manifest.js';
+import { readRecords } from '../servers/control/storage.js';
+import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
+
+export const SNAPSHOTS_DIR = 'rollout_snapshots';
+export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
+export const LEDGER_FILE = 'ledger.json';
+export const SNAPSHOT_FORMAT = 'rollout-checkpoint/ts';
+export const SNAPSHOT_SCHEMA_VERSION = 1;
+
+const SNAPSHOT_NAME = /^snapshot_(\d{6,})$/;
+const TMP_NAME = /^tmp_snapshot_(\d{6,})$/;
+const LEFTOVER_NAME = /^(tmp|trash)_snapshot_/;
+const STEP_ANCHOR = /^step_(0|[1-9][0-9]*)$/;
+export const BOOTSTRAP_ANCHOR = 'bootstrap';
+
+/** `snapshot_000042` */
+export function snapshotName(sequence: number): string {
+  return `snapshot_${String(sequence).padStart(6, '0')}`;
+}
+
+/** The trainer step an anchor directory stands for (`bootstrap` → 0), or undefined for another name. */
+export function anchorStep(anchor: string): number | undefined {
+  if (anchor === BOOTSTRAP_ANCHOR) return 0;
+  const m = STEP_ANCHOR.exec(anchor);
+  if (!m) return undefined;
+  const n = Number(m[1]);
+  return Number.isSafeInteger(n) ? n : undefined;
+}
+
+// --- manifest schema ------------------------------------------------------------------------
+
+const Sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, 'must be a lowercase SHA-256 hex digest');
+const Count = z.number().int().min(0);
+
+export const SnapshotManifestSchema = z.strictObject({
+  schema_version: z.literal(SNAPSHOT_SCHEMA_VERSION),
+  format: z.literal(SNAPSHOT_FORMAT),
+  run: z.string().min(1),
+  checkpoint_id: CheckpointIdSchema,
+  sequence: z.number().int().min(1),
+  base_train_step: Count,
+  trainer_version: Count,
+  dataloader_cursor: Count,
+  gym_topology_fingerprint: Sha256Hex,
+  gym_checkpoint: z.strictObject({
+    scope: z.array(CaptureKeySchema),
+    restarts: z.array(CaptureKeySchema),
+    participants: z.record(
+      z.string(),
+      z.strictObject({
+        kind: z.string(),
+        instance: z.string(),
+        manifest: ManifestSchema,
+        episode_ids: z.array(CaptureKeySchema),
+      }),
+    ),
+  }),
+  ledger_sha256: Sha256Hex,
+  ledger_bytes: Count,
+  created_at: z.string().min(1),
+});
+
+function schemaProblem(error: z.ZodError): string {
+  const i = error.issues[0]!;
+  return `${i.path.join('.') || '(root)'}: ${i.message}`;
+}
+
+// --- fs helpers -----------------------------------------------------------------------------
+
+const isErrno = (err: unknown, code: string): boolean => (err as NodeJS.ErrnoException | null)?.code === code;
+
+async function exists(p: string): Promise<boolean> {
+  try {
+    await fsp.lstat(p);
+    return true;
+  } catch (err) {
+    if (isErrno(err, 'ENOENT')) return false;
+    throw err;
+  }
+}
+
+async function fsyncPath(p: string): Promise<void> {
+  const fh = await fsp.open(p, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** fsync every regular file and directory under `dir` (and `dir` itself), children first. */
+async function fsyncTree(dir: string): Promise<void> {
+  for (const e of await fsp.readdir(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) await fsyncTree(p);
+    else if (e.isFile()) await fsyncPath(p);
+  }
+  await fsyncPath(dir);
+}
+
+/** Temp file, fsync, rename over `file`, fsync the directory. */
+async function writeFileDurably(file: string, data: Buffer): Promise<void> {
+  const dir = path.dirname(file);
+  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
+  try {
+    const fh = await fsp.open(tmp, 'wx');
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fsp.rename(tmp, file);
+  } catch (err) {
+    await fsp.rm(tmp, { force: true }).catch(() => {});
+    throw err;
+  }
+  await fsyncPath(dir);
+}
+
+/** Keys sorted at every level (arrays keep their order). */
+function sortKeysDeep(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeysDeep);
+  if (v !== null && typeof v === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) {
+      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
+    }
+    return out;
+  }
+  return v;
+}
+
+async function digestFile(file: string): Promise<{ sha256: string; bytes: number }> {
+  const hash = createHash('sha256');
+  let bytes = 0;
+  for await (const chunk of createReadStream(file) as AsyncIterable<Buffer>) {
+    hash.update(chunk);
+    bytes += chunk.length;
+  }
+  return { sha256: hash.digest('hex'), bytes };
+}
+
+/** Runs `fn`; ApplicationFailures pass through, anything else becomes a retryable storage failure. */
+async function storage<T>(context: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof ApplicationFailure) throw err;
+    throw storageFailure(context, err);
+  }
+}
+
+function requireTmpDir(tmpDir: string, what: string): void {
+  if (typeof tmpDir !== 'string' || !TMP_NAME.test(path.basename(tmpDir))) {
+    throw invariantFailure(`${what}: ${JSON.stringify(tmpDir)} is not a tmp_snapshot_NNNNNN directory`);
+  }
+}
+
+async function requireDir(dir: string, what: string): Promise<void> {
+  try {
+    const st = await fsp.stat(dir);
+    if (!st.isDirectory()) throw invariantFailure(`${what}: ${dir} is not a directory`);
+  } catch (err) {
+    if (isErrno(err, 'ENOENT')) throw invariantFailure(`${what}: ${dir} does not exist`);
+    throw err;
+  }
+}
+
+async function listSequences(root: string, pattern: RegExp): Promise<{ name: string; sequence: number }[]> {
+  let names: string[];
+  try {
+    names = await fsp.readdir(root);
+  } catch (err) {
+    if (isErrno(err, 'ENOENT')) return [];
+    throw err;
+  }
+  const out: { name: string; sequence: number }[] = [];
+  for (const name of names) {
+    const m = pattern.exec(name);
+    if (m) out.push({ name, sequence: Number(m[1]) });
+  }
+  return out.sort((a, b) => b.sequence - a.sequence);
+}
+
+// --- allocate, write --------------------------------------------------------------------------
+
+export interface AllocateSnapshotInput {
+  checkpointDir: string;
+  /** `bootstrap` or `step_<N>`. */
+  anchor: string;
+}
+
+/**
+ * Deletes leftover `tmp_snapshot_*` / `trash_snapshot_*`, picks sequence = largest existing
+ * `snapshot_*` + 1, and creates `tmp_snapshot_NNNNNN`.
+ */
+export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<SnapshotLocation> {
+  if (anchorStep(input.anchor) === undefined) {
+    throw invariantFailure(`anchor ${JSON.stringify(input.anchor)} is neither ${BOOTSTRAP_ANCHOR} nor step_<N>`);
+  }
+  const root = path.join(input.checkpointDir, input.anchor, SNAPSHOTS_DIR);
+  return storage(`allocating a snapshot under ${root}`, async () => {
+    await fsp.mkdir(root, { recursive: true });
+    const names = await fsp.readdir(root);
+    const leftovers = names.filter((n) => LEFTOVER_NAME.test(n));
+    for (const n of leftovers) await fsp.rm(path.join(root, n), { recursive: true, force: true });
+    let last = 0;
+    for (const n of names) {
+      const m = SNAPSHOT_NAME.exec(n);
+      if (m) last = Math.max(last, Number(m[1]));
+    }
+    const sequence = last + 1;
+    const tmpDir = path.join(root, `tmp_${snapshotName(sequence)}`);
+    await fsp.mkdir(tmpDir);
+    // mkdir -p may have created the anchor and rollout_snapshots entries too.
+    for (const d of [root, path.dirname(root), input.checkpointDir]) await fsyncPath(d);
+    return { root, anchor: input.anchor, sequence, tmpDir, finalDir: path.join(root, snapshotName(sequence)) };
+  });
+}
+
+export interface WriteLedgerCutInput {
+  tmpDir: string;
+  ledger: unknown;
+}
+
+/** Writes `ledger.json` (fsynced) and returns what the manifest records about it. */
+export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha256: string; bytes: number }> {
+  requireTmpDir(input.tmpDir, 'writeLedgerCut');
+  const text = input.ledger === undefined ? undefined : JSON.stringify(input.ledger);
+  if (text === undefined) throw invariantFailure('the ledger cut is not JSON');
+  const data = Buffer.from(text, 'utf8');
+  return storage(`writing the ledger cut into ${input.tmpDir}`, async () => {
+    await requireDir(input.tmpDir, 'writeLedgerCut');
+    await writeFileDurably(path.join(input.tmpDir, LEDGER_FILE), data);
+    return { sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length };
+  });
+}
+
+export interface WriteSnapshotManifestInput {
+  tmpDir: string;
+  manifest: SnapshotManifest;
+}
+
+/** Writes `manifest.json` last, with sorted keys; fsyncs the file and the directory. */
+export async function writeSnapshotManifest(input: WriteSnapshotManifestInput): Promise<void> {
+  requireTmpDir(input.tmpDir, 'writeSnapshotManifest');
+  const parsed = SnapshotManifestSchema.safeParse(input.manifest);
+  if (!parsed.success) throw invariantFailure(`snapshot manifest to write is invalid at ${schemaProblem(parsed.error)}`);
+  const data = Buffer.from(JSON.stringify(sortKeysDeep(input.manifest), null, 1), 'utf8');
+  await storage(`writing the snapshot manifest into ${input.tmpDir}`, async () => {
+    await requireDir(input.tmpDir, 'writeSnapshotManifest');
+    await writeFileDurably(path.join(input.tmpDir, SNAPSHOT_MANIFEST_FILE), data);
+  });
+}
+
+// --- validate -------------------------------------------------------------------------------
+
+export interface ValidateSnapshotInput {
+  dir: string;
+  /** The freshly discovered topology's fingerprint; the snapshot must carry the same one. */
+  fingerprint?: string;
+}
+
+/** JSON equality ignoring key order; lossless numbers compare by value. */
+function jsonEqual(a: unknown, b: unknown): boolean {
+  if (a instanceof LosslessNumber) a = a.valueOf();
+  if (b instanceof LosslessNumber) b = b.valueOf();
+  if (typeof a === 'bigint' || typeof b === 'bigint') return String(a) === String(b);
+  if (a === b) return true;
+  if (Array.isArray(a) || Array.isArray(b)) {
+    if (!Array.isArray(a) || !Array.isArray(b) || a.length !== b.length) return false;
+    return a.every((x, i) => jsonEqual(x, b[i]));
+  }
+  if (a === null || b === null || typeof a !== 'object' || typeof b !== 'object') return false;
+  const ea = a instanceof Map ? Object.fromEntries(a) : (a as Record<string, unknown>);
+  const eb = b instanceof Map ? Object.fromEntries(b) : (b as Record<string, unknown>);
+  const ka = Object.keys(ea);
+  if (ka.length !== Object.keys(eb).length) return false;
+  return ka.every((k) => Object.prototype.hasOwnProperty.call(eb, k) && jsonEqual(ea[k], eb[k]));
+}
+
+async function readSnapshotManifest(dir: string, bad: (what: string) => ApplicationFailure): Promise<SnapshotManifest> {
+  let text: string;
+  try {
+    text = await fsp.readFile(path.join(dir, SNAPSHOT_MANIFEST_FILE), 'utf8');
+  } catch (err) {
+    if (isErrno(err, 'ENOENT') || isErrno(err, 'ENOTDIR')) throw bad(`no ${SNAPSHOT_MANIFEST_FILE}`);
+    throw err;
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw bad(`${SNAPSHOT_MANIFEST_FILE} is not JSON: ${errorMessage(err)}`);
+  }
+  const parsed = SnapshotManifestSchema.safeParse(raw);
+  if (!parsed.success) throw bad(`${SNAPSHOT_MANIFEST_FILE} is invalid at ${schemaProblem(parsed.error)}`);
+  // The raw object (not zod's copy): participant manifests keep their extras as written.
+  return raw as SnapshotManifest;
+}
+
+const PARTICIPANT_CONCURRENCY = 4;
+
+/**
+ * Checks a snapshot directory (controller.md §3.4): manifest schema and format; name, sequence and
+ * anchor lineage; topology fingerprint; ledger digest and size; every Gym participant's manifest
+ * equals the recorded one and its records file verifies (digest and line count, streamed).
+ * Any problem → non-retryable `invariant_error`.
+ */
+export async function validateSnapshot(input: ValidateSnapshotInput): Promise<SnapshotManifest> {
+  const dir = input.dir;
+  const bad = (what: string): ApplicationFailure => invariantFailure(`snapshot ${dir} is invalid: ${what}`, { dir, problem: what.slice(0, 300) });
+  return heartbeating({ op: 'validateSnapshot', dir }, () =>
+    storage(`validating snapshot ${dir}`, async () => {
+      const manifest = await readSnapshotManifest(dir, bad);
+
+      const m = /^(?:tmp_)?snapshot_(\d{6,})$/.exec(path.basename(dir));
+      if (m && Number(m[1]) !== manifest.sequence) throw bad(`sequence ${manifest.sequence} does not match the directory name`);
+      if (path.basename(path.dirname(dir)) === SNAPSHOTS_DIR) {
+        const step = anchorStep(path.basename(path.dirname(path.dirname(dir))));
+        if (step !== undefined && step !== manifest.base_train_step) {
+          throw bad(`base_train_step ${manifest.base_train_step} does not match its anchor (step ${step})`);
+        }
+      }
+      if (input.fingerprint !== undefined && input.fingerprint !== manifest.gym_topology_fingerprint) {
+        throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${input.fingerprint}`);
+      }
+
+      let ledger: { sha256: string; bytes: number };
+      try {
+        ledger = await digestFile(path.join(dir, LEDGER_FILE));
+      } catch (err) {
+        if (isErrno(err, 'ENOENT')) throw bad(`no ${LEDGER_FILE}`);
+        throw err;
+      }
+      if (ledger.bytes !== manifest.ledger_bytes || ledger.sha256 !== manifest.ledger_sha256) {
+        throw bad(`${LEDGER_FILE} does not match the manifest (sha256 ${ledger.sha256}, ${ledger.bytes} bytes; manifest ${manifest.ledger_sha256}, ${manifest.ledger_bytes} bytes)`);
+      }
+
+      const entries = Object.entries(manifest.gym_checkpoint.participants);
+      for (const [name, p] of entries) {
+        if (p.manifest.kind !== p.kind || p.manifest.instance !== p.instance) throw bad(`participant ${name}: manifest names ${String(p.manifest.kind)}/${String(p.manifest.instance)}, entry ${p.kind}/${p.instance}`);
+        if (p.manifest.checkpoint_id !== manifest.checkpoint_id) throw bad(`participant ${name} committed checkpoint ${JSON.stringify(p.manifest.checkpoint_id)}, not ${manifest.checkpoint_id}`);
+      }
+      // A few participants at a time: each streams its records file (digest and count, nothing kept).
+      let next = 0;
+      const worker = async (): Promise<void> => {
+        while (next < entries.length) {
+          const [name, p] = entries[next++]!;
+          let onDisk: Record<string, unknown>;
+          try {
+            ({ manifest: onDisk } = await readRecords({ checkpointDir: dir, kind: p.kind, instance: p.instance, scope: new Set() }));
+          } catch (err) {
+            if (isProtocolError(err)) throw bad(`participant ${name}: ${err.detail}`);
+            throw err;
+          }
+          if (!jsonEqual(onDisk, p.manifest)) throw bad(`participant ${name}: manifest on disk differs from the recorded commit`);
+        }
+      };
+      await Promise.all(Array.from({ length: Math.min(PARTICIPANT_CONCURRENCY, entries.length) }, worker));
+      return manifest;
+    }),
+  );
+}
+
+// --- publish, retention, discard ------------------------------------------------------------------
+
+export interface PublishSnapshotInput {
+  location: SnapshotLocation;
+}
+
+/**
+ * fsync the temp tree, rename `tmp_snapshot_N` → `snapshot_N`, fsync the parent. Idempotent: if
+ * an earlier run already renamed it, only the parent fsync is repeated.
+ */
+export async function publishSnapshot(input: PublishSnapshotInput): Promise<string> {
+  const { root, tmpDir, finalDir, sequence } = input.location;
+  if (tmpDir !== path.join(root, `tmp_${snapshotName(sequence)}`) || finalDir !== path.join(root, snapshotName(sequence))) {
+    throw invariantFailure(`publishSnapshot: location ${JSON.stringify(input.location)} is not a snapshot location`);
+  }
+  return heartbeating({ op: 'publishSnapshot', finalDir }, () =>
+    storage(`publishing ${tmpDir}`, async () => {
+      if (!(await exists(tmpDir))) {
+        if (await exists(path.join(finalDir, SNAPSHOT_MANIFEST_FILE))) {
+          await fsyncPath(root);
+          return finalDir;
+        }
+        throw invariantFailure(`publishSnapshot: neither ${tmpDir} nor a published ${finalDir} exists`);
+      }
+      if (!(await exists(path.join(tmpDir, SNAPSHOT_MANIFEST_FILE)))) {
+        throw invariantFailure(`publishSnapshot: ${tmpDir} has no ${SNAPSHOT_MANIFEST_FILE} (it is written last, before publication)`);
+      }
+      if (await exists(finalDir)) throw invariantFailure(`publishSnapshot: ${finalDir} already exists next to ${tmpDir}`);
+      await fsyncTree(tmpDir);
+      await fsp.rename(tmpDir, finalDir);
+      await fsyncPath(root);
+      return finalDir;
+    }),
+  );
+}
+
+export interface ApplyRetentionInput {
+  /** `<checkpoint_dir>/<anchor>/rollout_snapshots` */
+  root: string;
+  keepLatestK: number;
+}
+
+/** Keeps the newest `keepLatestK` snapshots; each older one is renamed to `trash_…`, fsynced, deleted. Returns the deleted names. */
+export async function applyRetention(input: ApplyRetentionInput): Promise<string[]> {
+  if (!Number.isSafeInteger(input.keepLatestK) || input.keepLatestK < 1) {
+    throw invariantFailure(`keepLatestK must be an integer ≥ 1 (got ${String(input.keepLatestK)})`);
+  }
+  const root = input.root;
+  return storage(`applying retention in ${root}`, async () => {
+    const old = (await listSequences(root, SNAPSHOT_NAME)).slice(input.keepLatestK).map((s) => s.name);
+    const trash = (await listSequences(root, /^trash_snapshot_(\d{6,})$/)).map((s) => s.name);
+    if (old.length === 0 && trash.length === 0) return [];
+    for (const name of old) await fsp.rename(path.join(root, name), path.join(root, `trash_${name}`));
+    await fsyncPath(root);
+    for (const name of [...old.map((n) => `trash_${n}`), ...trash]) await fsp.rm(path.join(root, name), { recursive: true, force: true });
+    await fsyncPath(root);
+    return old;
+  });
+}
+
+export interface DiscardSnapshotInput {
+  tmpDir: string;
+}
+
+/** Deletes an unpublished temp snapshot (a failed attempt). Idempotent. */
+export async function discardSnapshot(input: DiscardSnapshotInput): Promise<void> {
+  requireTmpDir(input.tmpDir, 'discardSnapshot');
+  await storage(`discarding ${input.tmpDir}`, async () => {
+    if (!(await exists(input.tmpDir))) return;
+    await fsp.rm(input.tmpDir, { recursive: true, force: true });
+    await fsyncPath(path.dirname(input.tmpDir));
+  });
+}
+
+// --- read, select -----------------------------------------------------------------------------
+
+export interface ReadLedgerInput {
+  /** A snapshot directory. */
+  dir: string;
+}
+
+export async function readLedger(input: ReadLedgerInput): Promise<unknown> {
+  const file = path.join(input.dir, LEDGER_FILE);
+  return storage(`reading ${file}`, async () => {
+    let text: string;
+    try {
+      text = await fsp.readFile(file, 'utf8');
+    } catch (err) {
+      if (isErrno(err, 'ENOENT')) throw invariantFailure(`snapshot ${input.dir} has no ${LEDGER_FILE}`);
+      throw err;
+    }
+    try {
+      return JSON.parse(text) as unknown;
+    } catch (err) {
+      throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
+    }
+  });
+}
+
+export interface LatestSnapshotInput {
+  checkpointDir: string;
+  fingerprint?: string;
+}
+
+export interface SkippedSnapshot {
+  dir: string;
+  reason: string;
+}
+
+export interface LatestSnapshot {
+  dir: string;
+  anchor: string;
+  manifest: SnapshotManifest;
+  ledger: unknown;
+  /** Newer snapshots that did not validate, newest first. */
+  skipped: SkippedSnapshot[];
+}
+
+/** Anchors newest first: `step_<N>` by N descending, then `bootstrap`. */
+async function listAnchors(checkpointDir: string): Promise<string[]> {
+  let entries: import('node:fs').Dirent[];
+  try {
+    entries = await fsp.readdir(checkpointDir, { withFileTypes: true });
+  } catch (err) {
+    if (isErrno(err, 'ENOENT')) return [];
+    throw err;
+  }
+  const steps: { name: string; step: number }[] = [];
+  let bootstrap = false;
+  for (const e of entries) {
+    if (!e.isDirectory()) continue;
+    if (e.name === BOOTSTRAP_ANCHOR) bootstrap = true;
+    else {
+      const step = anchorStep(e.name);
+      if (step !== undefined) steps.push({ name: e.name, step });
+    }
+  }
+  steps.sort((a, b) => b.step - a.step);
+  return [...steps.map((s) => s.name), ...(bootstrap ? [BOOTSTRAP_ANCHOR] : [])];
+}
+
+/**
+ * The newest snapshot that validates, scanning anchors newest first and each anchor's snapshots
+ * newest first; invalid ones are skipped and reported. Null when there is no snapshot at all.
+ * When snapshots exist but none validates, refuses (non-retryable `invariant_error` naming them):
+ * starting fresh would silently drop a checkpoint (controller.md §3.7).
+ */
+export async function latestSnapshot(input: LatestSnapshotInput): Promise<LatestSnapshot | null> {
+  const skipped: SkippedSnapshot[] = [];
+  return heartbeating({ op: 'latestSnapshot' }, () =>
+    storage(`selecting a snapshot in ${input.checkpointDir}`, async () => {
+      for (const anchor of await listAnchors(input.checkpointDir)) {
+        const root = path.join(input.checkpointDir, anchor, SNAPSHOTS_DIR);
+        for (const { name } of await listSequences(root, SNAPSHOT_NAME)) {
+          const dir = path.join(root, name);
+          try {
+            const manifest = await validateSnapshot({ dir, ...(input.fingerprint !== undefined ? { fingerprint: input.fingerprint } : {}) });
+            const ledger = await readLedger({ dir });
+            return { dir, anchor, manifest, ledger, skipped };
+          } catch (err) {
+            if (err instanceof ApplicationFailure && err.type === FAILURE_TYPES.invariant) {
+              skipped.push({ dir, reason: err.message });
+              continue;
+            }
+            throw err;
+          }
+        }
+      }
+      if (skipped.length > 0) {
+        throw invariantFailure(
+          `no valid snapshot in ${input.checkpointDir}; refusing to start over: ${skipped.map((s) => s.reason).join(' | ')}`,
+          { skipped: skipped.slice(0, 10) },
+        );
+      }
+      return null;
+    }),
+  );
+}
+
+export function createSnapshotActivities() {
+  return {
+    allocateSnapshot,
+    writeLedgerCut,
+    writeSnapshotManifest,
+    validateSnapshot,
+    publishSnapshot,
+    applyRetention,
+    discardSnapshot,
+    latestSnapshot,
+    readLedger,
+  };
+}

@@ -1,0 +1,171 @@
+// Shapes that cross the boundary between the controller's workflows and its activities. Types
+// only (and tiny pure helpers): workflow code imports this file, so it must stay free of I/O.
+import type { CaptureKey, EpisodeId, Kind } from './ids.js';
+
+/** A Gym participant as discovered (control status answered). */
+export interface GymMember {
+  name: string;
+  url: string;
+  kind: Kind;
+}
+
+/** A Gym deployment as the controller sees it. */
+export interface GymTopology {
+  members: GymMember[];
+  /** Every server of the deployment by name (environment servers receive `/run`). */
+  servers: Record<string, { kind: string; url: string }>;
+  /** SHA-256 of the sorted (name, kind) list: a snapshot only restores into the same topology. */
+  fingerprint: string;
+}
+
+export interface GymPrepareOutcome {
+  checkpointId: string;
+  prepared: boolean;
+  /** Capture keys some participant cannot capture (never in the scope). */
+  restarts: CaptureKey[];
+  /** server name → blockers, for stages that did not prepare. */
+  blockers: Record<string, string[]>;
+  seconds: number;
+}
+
+export interface GymParticipantCommit {
+  kind: string;
+  instance: string;
+  manifest: Record<string, unknown>;
+  episode_ids: CaptureKey[];
+}
+
+export interface GymCommitOutcome {
+  checkpointId: string;
+  /** server name → what it committed. */
+  participants: Record<string, GymParticipantCommit>;
+  /** Capture keys the environment servers committed (the continued episodes). */
+  environmentKeys: CaptureKey[];
+  seconds: number;
+}
+
+export interface GymRestoreOutcome {
+  restoreId: string;
+  /** server name → replacement capture keys it installed. */
+  restored: Record<string, CaptureKey[]>;
+  seconds: number;
+}
+
+/** One physical attempt's `/run` input. */
+export interface RunEpisodeInput {
+  run: string;
+  environment: string;
+  environmentUrl: string;
+  episode: EpisodeId;
+  task: unknown;
+}
+
+/** What a rollout attempt reports to the training run. */
+export interface RolloutReport {
+  captureKey: CaptureKey;
+  episode: EpisodeId;
+  /** `completed`: /run replied with a result; `failed`: handled failure or refusal; `timed_out`: deadline fired; `retired`: given up by the controller. */
+  status: 'completed' | 'failed' | 'timed_out' | 'retired';
+  reward: number | null;
+  /** Terminal failures are not retried. */
+  terminal: boolean;
+  reason?: string;
+  /** The result as returned by the environment (kept small: reward and a few fields). */
+  result?: Record<string, unknown> | null;
+  seconds: number;
+}
+
+export interface SnapshotLocation {
+  /** `<checkpoint_dir>/<anchor>/rollout_snapshots` */
+  root: string;
+  anchor: string;
+  sequence: number;
+  tmpDir: string;
+  finalDir: string;
+}
+
+export interface SnapshotManifest {
+  schema_version: 1;
+  format: 'rollout-checkpoint/ts';
+  run: string;
+  checkpoint_id: string;
+  sequence: number;
+  base_train_step: number;
+  trainer_version: number;
+  dataloader_cursor: number;
+  gym_topology_fingerprint: string;
+  gym_checkpoint: {
+    scope: CaptureKey[];
+    restarts: CaptureKey[];
+    participants: Record<string, GymParticipantCommit>;
+  };
+  ledger_sha256: string;
+  ledger_bytes: number;
+  created_at: string;
+}
+
+export type CheckpointTrigger = 'periodic' | 'manual' | 'trainer_boundary';
+export type CheckpointOutcomeKind = 'completed' | 'skipped' | 'failed';
+export type CheckpointReason =
+  | 'completed'
+  | 'missing_trainer_anchor'
+  | 'trainer_state_changed'
+  | 'timeout'
+  | 'io_error'
+  | 'invariant_error'
+  | 'release_pending';
+
+export interface CheckpointStageSeconds {
+  prepare?: number;
+  commit?: number;
+  ledger_cut?: number;
+  publish?: number;
+  resume?: number;
+  gym_participant_seconds?: number;
+  admission_closed_seconds?: number;
+  total?: number;
+}
+
+export interface CheckpointOutcome {
+  checkpointId: string;
+  trigger: CheckpointTrigger;
+  outcome: CheckpointOutcomeKind;
+  reason: CheckpointReason;
+  /** Published snapshot directory, when one was published (also for release_pending). */
+  snapshotDir?: string;
+  sequence?: number;
+  /** Scope the snapshot continues (capture keys), for recovery. */
+  scope?: CaptureKey[];
+  restarts?: CaptureKey[];
+  /** Published but Gym not yet released: dispatch stays closed, the next attempt retries the release. */
+  releasePending?: boolean;
+  /** Gym prepared but the abort failed: dispatch stays closed, the next attempt retries the abort. */
+  abortPending?: boolean;
+  error?: string;
+  seconds: CheckpointStageSeconds;
+  at: string;
+}
+
+/** Application failure types the activities raise (the type is what workflows branch on). */
+export const FAILURE_TYPES = {
+  transient: 'gym_transient',
+  notReady: 'gym_not_ready',
+  invariant: 'invariant_error',
+  storage: 'storage_error',
+} as const;
+
+/** Refusals that are never retried by an activity retry (same ID would get the same answer). */
+export const NON_RETRYABLE_ERROR_TYPES = [
+  'checkpoint_conflict',
+  'stale_checkpoint',
+  'invalid_phase',
+  'export_failed',
+  'restart_in_scope',
+  'invalid_checkpoint_state',
+  'checkpoint_error',
+  'retire_incomplete',
+  'unauthorized',
+  'stale_attempt',
+  'gym_not_ready',
+  'invariant_error',
+] as const;

@@ -1,0 +1,72 @@
+// A training run's configuration (examples/run.yaml), validated by the client script before the
+// run starts; workflows receive the parsed object. Closed objects: an unknown key fails naming it.
+import { z } from 'zod';
+
+const positive = z.number().positive().finite();
+
+export const RunConfigSchema = z.strictObject({
+  run: z.strictObject({
+    /** Workflow ID of the training run; child IDs derive from it. */
+    name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]*$/, 'run.name must match ^[A-Za-z0-9][A-Za-z0-9._-]*$'),
+    /** Run directory of the Gym deployment (`npm run gym -- up … --dir <run dir>`). */
+    gym_run_dir: z.string().min(1),
+    checkpoint_dir: z.string().min(1),
+    seed: z.number().int().default(1),
+    task_queue: z.string().default('rollout-control'),
+    rollout_task_queue: z.string().default('rollout-run'),
+  }),
+  grpo: z
+    .strictObject({
+      num_prompts_per_step: z.number().int().min(1).default(4),
+      num_generations_per_prompt: z.number().int().min(1).default(4),
+      max_num_steps: z.number().int().min(1).default(10),
+      tasksets: z.array(z.enum(['counter', 'weather', 'genrm'])).min(1).default(['counter', 'weather']),
+      /** Environment server per taskset (server names of the Gym deployment). */
+      environments: z.record(z.string(), z.string()).default({ counter: 'counter_env', weather: 'weather_env', genrm: 'genrm_env' }),
+    })
+    .default({
+      num_prompts_per_step: 4,
+      num_generations_per_prompt: 4,
+      max_num_steps: 10,
+      tasksets: ['counter', 'weather'],
+      environments: { counter: 'counter_env', weather: 'weather_env', genrm: 'genrm_env' },
+    }),
+  async_rl: z
+    .strictObject({
+      /** Prompt groups in flight at once. */
+      max_in_flight_groups: z.number().int().min(1).default(8),
+      rollout_timeout_s: positive.nullable().default(null),
+      max_attempts_per_sibling: z.number().int().min(1).default(3),
+    })
+    .default({ max_in_flight_groups: 8, rollout_timeout_s: null, max_attempts_per_sibling: 3 }),
+  rollout_checkpointing: z
+    .strictObject({
+      snapshot_attempt_interval_s: positive.nullable().default(null),
+      max_consecutive_failures: z.number().int().min(1).default(3),
+      keep_latest_k: z.number().int().min(1).default(2),
+      restore_mode: z.enum(['latest', 'none']).default('latest'),
+      gym: z
+        .strictObject({
+          prepare_timeout_s: positive.default(300),
+          require_model_participant: z.boolean().default(false),
+        })
+        .default({ prepare_timeout_s: 300, require_model_participant: false }),
+    })
+    .default({
+      snapshot_attempt_interval_s: null,
+      max_consecutive_failures: 3,
+      keep_latest_k: 2,
+      restore_mode: 'latest',
+      gym: { prepare_timeout_s: 300, require_model_participant: false },
+    }),
+  controller: z
+    .strictObject({
+      /** Continue-as-new once the run's history has this many events (below the server's limits). */
+      max_history_events: z.number().int().min(200).default(8_000),
+      /** How long the ledger cut waits for `/run` replies already on the wire (ms). */
+      late_result_wait_ms: z.number().int().min(0).default(3_000),
+    })
+    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000 }),
+});
+
+export type RunConfig = z.infer<typeof RunConfigSchema>;

@@ -1,0 +1,302 @@
+// The snapshot bundle activities (docs/controller.md "The snapshot bundle") on a real temp dir:
+// allocation, atomic idempotent publication, retention, validation and restore selection.
+import { existsSync, promises as fsp } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { ApplicationFailure } from '@temporalio/common';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import {
+  allocateSnapshot,
+  applyRetention,
+  discardSnapshot,
+  latestSnapshot,
+  publishSnapshot,
+  readLedger,
+  validateSnapshot,
+  writeLedgerCut,
+  writeSnapshotManifest,
+} from '../../activities/snapshots.js';
+import { topologyFingerprint } from '../../activities/gym.js';
+import type { GymParticipantCommit, SnapshotLocation, SnapshotManifest } from '../../protocol/controller.js';
+import { writeRecords } from '../../servers/control/storage.js';
+
+let dir: string;
+
+beforeEach(async () => {
+  dir = await fsp.mkdtemp(path.join(tmpdir(), 'snapshots-test-'));
+});
+afterEach(async () => {
+  await fsp.rm(dir, { recursive: true, force: true });
+});
+
+const FINGERPRINT = topologyFingerprint([
+  { name: 'env', kind: 'environment' },
+  { name: 'res', kind: 'resources' },
+]);
+
+async function expectFailure(p: Promise<unknown>, type: string, pattern?: RegExp): Promise<ApplicationFailure> {
+  const err = await p.then(
+    () => {
+      throw new Error('expected a failure');
+    },
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(ApplicationFailure);
+  const f = err as ApplicationFailure;
+  expect(f.type).toBe(type);
+  if (pattern) expect(f.message).toMatch(pattern);
+  return f;
+}
+
+/** What a Gym commit plus the checkpoint attempt would write into a temp snapshot. */
+async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?: unknown } = {}): Promise<SnapshotManifest> {
+  const checkpointId = `rollout-step-${opts.step ?? 0}-snapshot-${loc.sequence}-${'0'.repeat(32)}`;
+  const participants: Record<string, GymParticipantCommit> = {};
+  for (const [instance, kind, n] of [
+    ['env', 'environment', 3],
+    ['res', 'resources', 0],
+  ] as const) {
+    const records = Array.from({ length: n }, (_, i) => ({ episode_id: { rollout_id: `r${i}`, attempt: 0 }, payload: { i } }));
+    const manifest = await writeRecords({ checkpointDir: loc.tmpDir, kind, instance, checkpointId, records });
+    participants[instance] = { kind, instance, manifest, episode_ids: records.map((r) => r.episode_id.rollout_id) };
+  }
+  const cut = await writeLedgerCut({ tmpDir: loc.tmpDir, ledger: opts.ledger ?? { cursor: 7, groups: { g1: [1, 2] } } });
+  const manifest: SnapshotManifest = {
+    schema_version: 1,
+    format: 'rollout-checkpoint/ts',
+    run: 'run-1',
+    checkpoint_id: checkpointId,
+    sequence: loc.sequence,
+    base_train_step: opts.step ?? 0,
+    trainer_version: opts.step ?? 0,
+    dataloader_cursor: 7,
+    gym_topology_fingerprint: FINGERPRINT,
+    gym_checkpoint: { scope: ['r0', 'r1', 'r2'], restarts: [], participants },
+    ledger_sha256: cut.sha256,
+    ledger_bytes: cut.bytes,
+    created_at: new Date().toISOString(),
+  };
+  await writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest });
+  return manifest;
+}
+
+async function publishedSnapshot(anchor: string, step = 0, ledger?: unknown): Promise<string> {
+  const loc = await allocateSnapshot({ checkpointDir: dir, anchor });
+  await writeBundle(loc, { step, ledger });
+  return publishSnapshot({ location: loc });
+}
+
+describe('allocateSnapshot', () => {
+  it('starts at 1 and creates the temp directory', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    expect(loc).toEqual({
+      root: path.join(dir, 'bootstrap', 'rollout_snapshots'),
+      anchor: 'bootstrap',
+      sequence: 1,
+      tmpDir: path.join(dir, 'bootstrap', 'rollout_snapshots', 'tmp_snapshot_000001'),
+      finalDir: path.join(dir, 'bootstrap', 'rollout_snapshots', 'snapshot_000001'),
+    });
+    expect((await fsp.stat(loc.tmpDir)).isDirectory()).toBe(true);
+  });
+
+  it('picks max(snapshot_*) + 1 and deletes leftover tmp_ and trash_ directories', async () => {
+    const root = path.join(dir, 'step_3', 'rollout_snapshots');
+    for (const n of ['snapshot_000001', 'snapshot_000007', 'tmp_snapshot_000008/gym/x', 'trash_snapshot_000002/sub', 'tmp_snapshot_000009']) {
+      await fsp.mkdir(path.join(root, n), { recursive: true });
+    }
+    await fsp.writeFile(path.join(root, 'tmp_snapshot_000008', 'ledger.json'), '{}');
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_3' });
+    expect(loc.sequence).toBe(8);
+    expect(path.basename(loc.tmpDir)).toBe('tmp_snapshot_000008');
+    expect(await fsp.readdir(loc.tmpDir)).toEqual([]); // the leftover's content is gone
+    expect((await fsp.readdir(root)).sort()).toEqual(['snapshot_000001', 'snapshot_000007', 'tmp_snapshot_000008']);
+  });
+
+  it('refuses an anchor that is neither bootstrap nor step_<N>', async () => {
+    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: '../x' }), 'invariant_error', /anchor/);
+    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: 'step_01' }), 'invariant_error');
+  });
+});
+
+describe('writeLedgerCut / writeSnapshotManifest', () => {
+  it('returns the digest and size of ledger.json and writes the manifest with sorted keys', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc, { ledger: { b: 1, a: [2] } });
+    const bytes = await fsp.readFile(path.join(loc.tmpDir, 'ledger.json'));
+    expect(manifest.ledger_bytes).toBe(bytes.length);
+    expect(JSON.parse(bytes.toString('utf8'))).toEqual({ b: 1, a: [2] });
+    const text = await fsp.readFile(path.join(loc.tmpDir, 'manifest.json'), 'utf8');
+    const keys = Object.keys(JSON.parse(text) as object);
+    expect(keys).toEqual([...keys].sort());
+    expect(JSON.parse(text)).toEqual(manifest);
+    // No temporary files left behind.
+    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['gym', 'ledger.json', 'manifest.json']);
+  });
+
+  it('refuses a manifest of the wrong shape and a directory that is not a temp snapshot', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    await expectFailure(
+      writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: { ...manifest, sequence: true } as unknown as SnapshotManifest }),
+      'invariant_error',
+      /sequence/,
+    );
+    await expectFailure(writeLedgerCut({ tmpDir: path.join(dir, 'elsewhere'), ledger: {} }), 'invariant_error');
+  });
+});
+
+describe('publishSnapshot', () => {
+  it('renames tmp → final atomically and is idempotent', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    await writeBundle(loc);
+    const final = await publishSnapshot({ location: loc });
+    expect(final).toBe(loc.finalDir);
+    expect(existsSync(loc.tmpDir)).toBe(false);
+    expect(existsSync(path.join(loc.finalDir, 'manifest.json'))).toBe(true);
+    // An activity retry after the rename: same answer, nothing changes.
+    expect(await publishSnapshot({ location: loc })).toBe(loc.finalDir);
+    expect(await fsp.readdir(loc.root)).toEqual(['snapshot_000001']);
+    await validateSnapshot({ dir: final, fingerprint: FINGERPRINT });
+  });
+
+  it('refuses to publish without a manifest, or when neither directory exists', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    await expectFailure(publishSnapshot({ location: loc }), 'invariant_error', /manifest\.json/);
+    await discardSnapshot({ tmpDir: loc.tmpDir });
+    await expectFailure(publishSnapshot({ location: loc }), 'invariant_error', /neither/);
+    await expectFailure(publishSnapshot({ location: { ...loc, finalDir: path.join(dir, 'x') } }), 'invariant_error');
+  });
+});
+
+describe('applyRetention', () => {
+  it('keeps the newest k and deletes the rest through trash_', async () => {
+    const root = path.join(dir, 'step_1', 'rollout_snapshots');
+    for (const n of ['snapshot_000001', 'snapshot_000002', 'snapshot_000003', 'snapshot_000010', 'trash_snapshot_000000', 'tmp_snapshot_000011']) {
+      await fsp.mkdir(path.join(root, n, 'gym'), { recursive: true });
+    }
+    const deleted = await applyRetention({ root, keepLatestK: 2 });
+    expect(deleted).toEqual(['snapshot_000002', 'snapshot_000001']);
+    expect((await fsp.readdir(root)).sort()).toEqual(['snapshot_000003', 'snapshot_000010', 'tmp_snapshot_000011']);
+    expect(await applyRetention({ root, keepLatestK: 2 })).toEqual([]);
+  });
+
+  it('refuses keepLatestK < 1', async () => {
+    await expectFailure(applyRetention({ root: dir, keepLatestK: 0 }), 'invariant_error', /keepLatestK/);
+  });
+
+  it('is a no-op on a missing root', async () => {
+    expect(await applyRetention({ root: path.join(dir, 'nope'), keepLatestK: 1 })).toEqual([]);
+  });
+});
+
+describe('discardSnapshot', () => {
+  it('deletes the temp snapshot, twice without complaint, and nothing else', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    await writeBundle(loc);
+    await discardSnapshot({ tmpDir: loc.tmpDir });
+    await discardSnapshot({ tmpDir: loc.tmpDir });
+    expect(existsSync(loc.tmpDir)).toBe(false);
+    await expectFailure(discardSnapshot({ tmpDir: loc.root }), 'invariant_error');
+  });
+});
+
+describe('validateSnapshot', () => {
+  let loc: SnapshotLocation;
+  let manifest: SnapshotManifest;
+  beforeEach(async () => {
+    loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_4' });
+    manifest = await writeBundle(loc, { step: 4 });
+  });
+
+  it('accepts a complete snapshot and returns its manifest', async () => {
+    expect(await validateSnapshot({ dir: loc.tmpDir, fingerprint: FINGERPRINT })).toEqual(manifest);
+    expect(await validateSnapshot({ dir: loc.tmpDir })).toEqual(manifest);
+  });
+
+  it('catches a tampered ledger', async () => {
+    const file = path.join(loc.tmpDir, 'ledger.json');
+    const text = await fsp.readFile(file, 'utf8');
+    await fsp.writeFile(file, text.replace('7', '8')); // same size, other bytes
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /ledger\.json does not match/);
+    await fsp.rm(file);
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /no ledger\.json/);
+  });
+
+  it('catches a missing participant manifest', async () => {
+    await fsp.rm(path.join(loc.tmpDir, 'gym', 'resources', 'res', 'manifest.json'));
+    const f = await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /participant res/);
+    expect(f.nonRetryable).toBe(true);
+  });
+
+  it('catches a records digest mismatch', async () => {
+    const pdir = path.join(loc.tmpDir, 'gym', 'environment', 'env');
+    const records = (await fsp.readdir(pdir)).find((n) => n.startsWith('records-'))!;
+    await fsp.appendFile(path.join(pdir, records), '{"episode_id": {"rollout_id": "rX", "attempt": 0}}\n');
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /does not match its digest/);
+  });
+
+  it('catches a participant manifest that differs from the recorded commit', async () => {
+    const file = path.join(loc.tmpDir, 'gym', 'environment', 'env', 'manifest.json');
+    const m = JSON.parse(await fsp.readFile(file, 'utf8')) as Record<string, unknown>;
+    await fsp.writeFile(file, JSON.stringify({ ...m, extra: 1 }));
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /differs from the recorded commit/);
+  });
+
+  it('catches a wrong topology fingerprint', async () => {
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir, fingerprint: 'f'.repeat(64) }), 'invariant_error', /fingerprint/);
+  });
+
+  it('catches a manifest of the wrong format or lineage', async () => {
+    const file = path.join(loc.tmpDir, 'manifest.json');
+    await fsp.writeFile(file, JSON.stringify({ ...manifest, format: 'rollout-checkpoint/py' }));
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /format/);
+    await fsp.writeFile(file, JSON.stringify({ ...manifest, base_train_step: 3 }));
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /anchor/);
+    await fsp.writeFile(file, '{not json');
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /not JSON/);
+  });
+});
+
+describe('latestSnapshot and readLedger', () => {
+  it('returns null when there is no snapshot', async () => {
+    expect(await latestSnapshot({ checkpointDir: dir })).toBeNull();
+    expect(await latestSnapshot({ checkpointDir: path.join(dir, 'missing') })).toBeNull();
+  });
+
+  it('takes the newest valid snapshot of the newest anchor, skipping and reporting a corrupt newer one', async () => {
+    await publishedSnapshot('bootstrap', 0, { at: 'bootstrap' });
+    await publishedSnapshot('step_2', 2, { at: 'step_2' });
+    const good = await publishedSnapshot('step_10', 10, { at: 'step_10/1' });
+    const corrupt = await publishedSnapshot('step_10', 10, { at: 'step_10/2' });
+    await fsp.writeFile(path.join(corrupt, 'ledger.json'), '{"tampered": true}');
+    // Readers ignore tmp_ and trash_ directories.
+    await fsp.mkdir(path.join(dir, 'step_10', 'rollout_snapshots', 'tmp_snapshot_000003'));
+    await fsp.mkdir(path.join(dir, 'step_10', 'rollout_snapshots', 'trash_snapshot_000009'));
+
+    const found = await latestSnapshot({ checkpointDir: dir, fingerprint: FINGERPRINT });
+    expect(found).not.toBeNull();
+    expect(found!.dir).toBe(good);
+    expect(found!.anchor).toBe('step_10');
+    expect(found!.ledger).toEqual({ at: 'step_10/1' });
+    expect(found!.manifest.sequence).toBe(1);
+    expect(found!.skipped).toHaveLength(1);
+    expect(found!.skipped[0]!.dir).toBe(corrupt);
+    expect(found!.skipped[0]!.reason).toMatch(/ledger\.json/);
+    expect(await readLedger({ dir: good })).toEqual({ at: 'step_10/1' });
+  });
+
+  it('falls back to an older anchor, then to bootstrap', async () => {
+    await publishedSnapshot('bootstrap', 0, { at: 'bootstrap' });
+    const bad = await publishedSnapshot('step_1', 1);
+    await fsp.rm(path.join(bad, 'manifest.json'));
+    const found = await latestSnapshot({ checkpointDir: dir });
+    expect(found!.anchor).toBe('bootstrap');
+    expect(found!.skipped.map((s) => s.dir)).toEqual([bad]);
+  });
+
+  it('refuses when snapshots exist but none validates (wrong topology here)', async () => {
+    const only = await publishedSnapshot('step_1', 1);
+    const f = await expectFailure(latestSnapshot({ checkpointDir: dir, fingerprint: '0'.repeat(64) }), 'invariant_error', /no valid snapshot/);
+    expect(f.message).toContain(only);
+  });
+});

@@ -1,0 +1,211 @@
+// Fake activities for the controller's time-skipping workflow tests: a scriptable Gym and
+// snapshot store in memory. They throw the REAL error types the real activities throw
+// (ApplicationFailure typed by the protocol code, `gym_transient` for transport errors), so the
+// workflows' classification is what gets tested.
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import type { Activities } from '../../activities/index.js';
+import type {
+  CheckpointOutcome,
+  GymCommitOutcome,
+  GymPrepareOutcome,
+  GymTopology,
+  RolloutReport,
+  RunEpisodeInput,
+  SnapshotLocation,
+} from '../../protocol/controller.js';
+import { captureKey } from '../../protocol/ids.js';
+
+export type Failure = 'transient' | 'refusal' | 'invariant';
+
+export interface FakeGymScript {
+  /** Prepare replies not ready this many times (then ready). */
+  notReady?: number;
+  /** Commit throws this many times (per attempt of the activity). */
+  commitFailures?: number;
+  commitFailure?: Failure;
+  /** Resume throws this many times. */
+  resumeFailures?: number;
+  /** Commit answers with participants that differ from the topology (a controller invariant). */
+  commitWrongParticipants?: boolean;
+  /** Held prepares wait for `releasePrepare()`. */
+  holdPrepare?: boolean;
+  /** `/run` replies wait for `finishRun(key)` (or `finishAll`); else they finish after `runMs`. */
+  holdRuns?: boolean;
+  runMs?: number;
+  reward?: (key: string) => number;
+}
+
+const TOPOLOGY: GymTopology = {
+  members: [
+    { name: 'env', url: 'http://127.0.0.1:1', kind: 'environment' },
+    { name: 'agent', url: 'http://127.0.0.1:2', kind: 'agent' },
+  ],
+  servers: { counter_env: { kind: 'environment', url: 'http://127.0.0.1:1' }, weather_env: { kind: 'environment', url: 'http://127.0.0.1:1' } },
+  fingerprint: 'f'.repeat(64),
+};
+
+export class FakeGym {
+  script: FakeGymScript = {};
+  /** Every activity call, in order (`prepare:<id>`, `commit:<id>`, `resume:<id>`, `run:<key>`, …). */
+  calls: string[] = [];
+  running = new Set<string>();
+  private prepareGate: (() => void) | undefined;
+  private runWaiters = new Map<string, (reward: number) => void>();
+  metrics: CheckpointOutcome[] = [];
+  ledgerCuts: unknown[] = [];
+
+  releasePrepare(): void {
+    this.prepareGate?.();
+    this.prepareGate = undefined;
+    this.script.holdPrepare = false;
+  }
+
+  finishRun(key: string, reward = 1): boolean {
+    const w = this.runWaiters.get(key);
+    if (!w) return false;
+    w(reward);
+    return true;
+  }
+
+  finishAll(): number {
+    const keys = [...this.runWaiters.keys()];
+    for (const k of keys) this.finishRun(k);
+    return keys.length;
+  }
+
+  count(prefix: string): number {
+    return this.calls.filter((c) => c.startsWith(prefix)).length;
+  }
+
+  activities(): Partial<Activities> {
+    const fail = (kind: Failure, what: string): never => {
+      if (kind === 'transient') throw ApplicationFailure.retryable(`${what}: HTTP 500`, 'gym_transient');
+      if (kind === 'refusal') throw ApplicationFailure.nonRetryable(`${what}: refused`, 'export_failed');
+      throw ApplicationFailure.nonRetryable(`${what}: invariant`, 'invariant_error');
+    };
+    const s = this.script;
+    const acts: Partial<Activities> = {
+      discoverGym: async () => {
+        this.calls.push('discover');
+        return TOPOLOGY;
+      },
+      loadPromptGroups: async (input) => {
+        const groups = Array.from({ length: input.groups }, (_, i) => {
+          const index = input.cursor + i;
+          const taskset = input.tasksets?.[index % input.tasksets.length] ?? 'counter';
+          return {
+            group_id: `p${index}`,
+            prompt_id: `prompt-${index}`,
+            taskset,
+            prompt_index: index,
+            size: input.groupSize,
+            tasks: Array.from({ length: input.groupSize }, (_, g) => ({ prompt: index, g })),
+          };
+        });
+        return { groups, cursor: input.cursor + input.groups } as never;
+      },
+      gymPrepare: async (input): Promise<GymPrepareOutcome> => {
+        this.calls.push(`prepare:${input.checkpointId}`);
+        if (s.holdPrepare) await new Promise<void>((r) => (this.prepareGate = r));
+        if ((s.notReady ?? 0) > 0) {
+          s.notReady! -= 1;
+          return { checkpointId: input.checkpointId, prepared: false, restarts: [], blockers: { env: ['r-busy'] }, seconds: 0.01 };
+        }
+        return { checkpointId: input.checkpointId, prepared: true, restarts: [], blockers: {}, seconds: 0.01 };
+      },
+      gymCommit: async (input): Promise<GymCommitOutcome> => {
+        this.calls.push(`commit:${input.checkpointId}`);
+        if ((s.commitFailures ?? 0) > 0) {
+          s.commitFailures! -= 1;
+          fail(s.commitFailure ?? 'transient', 'commit');
+        }
+        const keys = input.scope.map(captureKey).sort();
+        const participants: GymCommitOutcome['participants'] = {};
+        for (const m of TOPOLOGY.members) {
+          participants[s.commitWrongParticipants && m.kind === 'agent' ? 'stranger' : m.name] = {
+            kind: m.kind,
+            instance: m.name,
+            manifest: { checkpoint_id: input.checkpointId },
+            episode_ids: keys,
+          };
+        }
+        return { checkpointId: input.checkpointId, participants, environmentKeys: keys, seconds: 0.01 };
+      },
+      gymResume: async (input) => {
+        this.calls.push(`resume:${input.checkpointId}`);
+        if ((s.resumeFailures ?? 0) > 0) {
+          s.resumeFailures! -= 1;
+          fail('transient', 'resume');
+        }
+        return { checkpointId: input.checkpointId, idempotent: [], seconds: 0.01 };
+      },
+      gymRetire: async (input) => {
+        this.calls.push(`retire:${input.episodes.map(captureKey).join(',')}`);
+        return { retired: {}, seconds: 0 };
+      },
+      gymForget: async (input) => {
+        this.calls.push(`forget:${input.rolloutIds.length}`);
+        return { forgotten: {}, seconds: 0 };
+      },
+      runEpisode: async (input: RunEpisodeInput): Promise<RolloutReport> => {
+        const key = captureKey(input.episode);
+        this.calls.push(`run:${key}`);
+        this.running.add(key);
+        const started = Date.now();
+        const ctx = Context.current();
+        try {
+          const reward = await new Promise<number>((resolve, reject) => {
+            this.runWaiters.set(key, resolve);
+            if (!s.holdRuns) setTimeout(() => resolve(s.reward?.(key) ?? 1), s.runMs ?? 20);
+            const beat = setInterval(() => ctx.heartbeat(), 200);
+            ctx.cancellationSignal.addEventListener('abort', () => {
+              clearInterval(beat);
+              reject(ctx.cancellationSignal.reason);
+            });
+            void Promise.resolve().then(() => undefined);
+          });
+          return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds: (Date.now() - started) / 1000 };
+        } finally {
+          this.runWaiters.delete(key);
+          this.running.delete(key);
+          if (ctx.cancellationSignal.aborted) this.calls.push(`cancelled:${key}`);
+        }
+      },
+      allocateSnapshot: async (input): Promise<SnapshotLocation> => {
+        const seq = this.count('allocate') + 1;
+        this.calls.push(`allocate:${seq}`);
+        const root = `${input.checkpointDir}/${input.anchor}/rollout_snapshots`;
+        const name = String(seq).padStart(6, '0');
+        return { root, anchor: input.anchor, sequence: seq, tmpDir: `${root}/tmp_snapshot_${name}`, finalDir: `${root}/snapshot_${name}` };
+      },
+      writeLedgerCut: async (input) => {
+        this.calls.push('ledger-cut');
+        this.ledgerCuts.push(input.ledger);
+        return { sha256: 'a'.repeat(64), bytes: JSON.stringify(input.ledger).length };
+      },
+      writeSnapshotManifest: async () => {
+        this.calls.push('manifest');
+      },
+      validateSnapshot: async () => {
+        this.calls.push('validate');
+        return {} as never;
+      },
+      publishSnapshot: async (input) => {
+        this.calls.push(`publish:${input.location.sequence}`);
+        return input.location.finalDir;
+      },
+      applyRetention: async () => {
+        this.calls.push('retention');
+        return [];
+      },
+      discardSnapshot: async () => {
+        this.calls.push('discard');
+      },
+      appendCheckpointMetrics: async (input) => {
+        this.metrics.push(input.outcome);
+      },
+    };
+    return acts;
+  }
+}

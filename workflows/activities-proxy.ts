@@ -1,0 +1,38 @@
+// The activity proxies of the workflows, with their timeouts and retry policies side by side.
+import { proxyActivities } from '@temporalio/workflow';
+import type { createActivities } from '../activities/index.js';
+import { NON_RETRYABLE_ERROR_TYPES } from '../protocol/controller.js';
+
+type ActivityFunctions = ReturnType<typeof createActivities>;
+export type Activities = ReturnType<typeof proxyActivities<ActivityFunctions>>;
+
+const nonRetryableErrorTypes = [...NON_RETRYABLE_ERROR_TYPES];
+
+/** Control calls: a few quick retries with the same ID and arguments; the pump owns new attempts. */
+export function controlActivities(taskQueue?: string): Activities {
+  return proxyActivities<ActivityFunctions>({
+    taskQueue,
+    startToCloseTimeout: '10 minutes',
+    heartbeatTimeout: '2 minutes',
+    retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', maximumAttempts: 4, nonRetryableErrorTypes },
+  });
+}
+
+/** Snapshot file I/O and ledger bookkeeping: retried until they succeed or fail for good. */
+export function storageActivities(taskQueue?: string): Activities {
+  return proxyActivities<ActivityFunctions>({
+    taskQueue,
+    startToCloseTimeout: '10 minutes',
+    retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
+  });
+}
+
+/** One long `/run`: hours at most, a heartbeat to notice a dead worker, unlimited transient retries. */
+export function runActivities(taskQueue?: string): Activities {
+  return proxyActivities<ActivityFunctions>({
+    taskQueue,
+    startToCloseTimeout: '24 hours',
+    heartbeatTimeout: '60 seconds',
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds', nonRetryableErrorTypes },
+  });
+}

@@ -1,0 +1,241 @@
+// One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
+// of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
+//   prepare → commit → ledger cut (by the run) → manifest → validate → publish → retention → resume
+// A failure before publish aborts (resume with the same ID) and keeps the previous snapshot
+// authoritative; a publish whose resume fails is `published_release_pending`.
+import {
+  ActivityFailure,
+  ApplicationFailure,
+  condition,
+  getExternalWorkflowHandle,
+  setCurrentDetails,
+  setHandler,
+  upsertMemo,
+} from '@temporalio/workflow';
+import type {
+  CheckpointOutcome,
+  CheckpointReason,
+  CheckpointStageSeconds,
+  CheckpointTrigger,
+  GymCommitOutcome,
+  GymTopology,
+  SnapshotLocation,
+  SnapshotManifest,
+} from '../protocol/controller.js';
+import { captureKey, type EpisodeId } from '../protocol/ids.js';
+import { controlActivities, storageActivities } from './activities-proxy.js';
+import { checkpointCommitted, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
+
+export interface CheckpointAttemptInput {
+  run: string;
+  runWorkflowId: string;
+  checkpointId: string;
+  trigger: CheckpointTrigger;
+  topology: GymTopology;
+  /** Episodes the controller has in flight (dispatched, `/run` not replied yet). */
+  inFlight: EpisodeId[];
+  checkpointDir: string;
+  anchor: string;
+  keepLatestK: number;
+  prepareTimeoutS: number;
+  controlTaskQueue: string;
+}
+
+/** A failure of this attempt, classified for the pump (controller.md §2.8). */
+class AttemptFailed extends Error {
+  constructor(
+    readonly reason: CheckpointReason,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
+  const control = controlActivities(input.controlTaskQueue);
+  const storage = storageActivities(input.controlTaskQueue);
+  const id = input.checkpointId;
+  const seconds: CheckpointStageSeconds = {};
+  const t0 = Date.now();
+  let cut: LedgerCutWritten | undefined;
+  setHandler(ledgerCutWritten, (c) => {
+    if (c.checkpointId === id) cut = c;
+  });
+  const stage = async (name: string): Promise<void> => {
+    setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\` of run \`${input.run}\`\n\nstage: **${name}**`);
+    await upsertMemo({ stage: name });
+  };
+  const timed = async <T>(key: keyof CheckpointStageSeconds, fn: () => Promise<T>): Promise<T> => {
+    const s = Date.now();
+    try {
+      return await fn();
+    } finally {
+      seconds[key] = (seconds[key] ?? 0) + (Date.now() - s) / 1000;
+    }
+  };
+  const finish = async (o: Omit<CheckpointOutcome, 'checkpointId' | 'trigger' | 'seconds' | 'at'>): Promise<CheckpointOutcome> => {
+    seconds.total = (Date.now() - t0) / 1000;
+    seconds.gym_participant_seconds = (seconds.prepare ?? 0) + (seconds.commit ?? 0) + (seconds.resume ?? 0);
+    const outcome: CheckpointOutcome = { checkpointId: id, trigger: input.trigger, seconds, at: new Date().toISOString(), ...o };
+    await upsertMemo({ outcome: outcome.outcome, reason: outcome.reason, stage: 'done' });
+    setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\`: **${outcome.outcome}** (${outcome.reason})`);
+    return outcome;
+  };
+
+  let location: SnapshotLocation | undefined;
+  let prepared = false;
+  let commit: GymCommitOutcome | undefined;
+  let scope: EpisodeId[] = [];
+  let restarts: string[] = [];
+  try {
+    await stage('allocate');
+    location = await storage.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor });
+
+    await stage('prepare');
+    const prep = await timed('prepare', () =>
+      gymCall(() =>
+        control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [
+          { topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS },
+        ]),
+      ),
+    );
+    // From here Gym holds admission closed under this ID: every exit aborts or releases it.
+    prepared = true;
+    if (!prep.prepared) {
+      throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
+    }
+    restarts = prep.restarts;
+    const restartSet = new Set(prep.restarts);
+    scope = input.inFlight.filter((e) => !restartSet.has(captureKey(e)));
+
+    await stage('commit');
+    commit = await timed('commit', () =>
+      gymCall(() =>
+        control.gymCommit.executeWithOptions({ summary: `commit ${id} (${scope.length} episodes)` }, [
+          { topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS, checkpointDir: location!.tmpDir, scope },
+        ]),
+      ),
+    );
+    checkCommitInvariants(input, commit);
+
+    await stage('ledger cut');
+    await getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
+      checkpointId: id,
+      tmpDir: location.tmpDir,
+      environmentKeys: commit.environmentKeys,
+      restarts,
+      scope: scope.map(captureKey),
+    });
+    const gotCut = await timed('ledger_cut', () => condition(() => cut !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
+    if (!gotCut || !cut) throw new AttemptFailed('timeout', 'the run did not write its ledger cut in time');
+
+    await stage('publish');
+    const manifest: SnapshotManifest = {
+      schema_version: 1,
+      format: 'rollout-checkpoint/ts',
+      run: input.run,
+      checkpoint_id: id,
+      sequence: location.sequence,
+      base_train_step: cut.baseTrainStep,
+      trainer_version: cut.trainerVersion,
+      dataloader_cursor: cut.dataloaderCursor,
+      gym_topology_fingerprint: input.topology.fingerprint,
+      gym_checkpoint: { scope: scope.map(captureKey), restarts, participants: commit.participants },
+      ledger_sha256: cut.sha256,
+      ledger_bytes: cut.bytes,
+      created_at: new Date().toISOString(),
+    };
+    await timed('publish', async () => {
+      await storage.writeSnapshotManifest({ tmpDir: location!.tmpDir, manifest });
+      await storage.validateSnapshot({ dir: location!.tmpDir, fingerprint: input.topology.fingerprint });
+      await storage.publishSnapshot({ location: location! });
+    });
+  } catch (err) {
+    // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
+    const reason = err instanceof AttemptFailed ? err.reason : classify(err);
+    const message = err instanceof Error ? err.message : String(err);
+    if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
+    let abortPending = false;
+    if (prepared) {
+      await stage('abort');
+      abortPending = !(await resumeGym(control, input, seconds));
+    }
+    return finish({ outcome: 'failed', reason, error: message, abortPending, scope: scope.map(captureKey), restarts });
+  }
+
+  // Published: the snapshot is durable and authoritative from here on.
+  await storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined);
+  await stage('resume');
+  const released = await resumeGym(control, input, seconds);
+  return finish({
+    outcome: released ? 'completed' : 'failed',
+    reason: released ? 'completed' : 'release_pending',
+    releasePending: !released,
+    snapshotDir: location.finalDir,
+    sequence: location.sequence,
+    scope: scope.map(captureKey),
+    restarts,
+  });
+}
+
+/** Resume (release or abort) with the same ID; false when it failed (pending, retried later). */
+async function resumeGym(control: ReturnType<typeof controlActivities>, input: CheckpointAttemptInput, seconds: CheckpointStageSeconds): Promise<boolean> {
+  const s = Date.now();
+  try {
+    await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [
+      { topology: input.topology, checkpointId: input.checkpointId, timeoutS: input.prepareTimeoutS },
+    ]);
+    return true;
+  } catch {
+    return false;
+  } finally {
+    seconds.resume = (seconds.resume ?? 0) + (Date.now() - s) / 1000;
+  }
+}
+
+/**
+ * Wraps exactly the Gym prepare and commit calls (review AI, controller.md §2.8): their failures
+ * are retryable for the pump — a timeout keeps `timeout`, everything else is `io_error`.
+ */
+async function gymCall<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    const type = failureType(err);
+    const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
+    if (type === 'invariant_error') throw err;
+    throw new AttemptFailed(type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error', message);
+  }
+}
+
+/** The controller's own checks: never wrapped, an inconsistency ends the run. */
+function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitOutcome): void {
+  if (commit.checkpointId !== input.checkpointId) {
+    throw ApplicationFailure.nonRetryable(`commit answered for ${commit.checkpointId}, not ${input.checkpointId}`, 'invariant_error');
+  }
+  const expected = input.topology.members.map((m) => m.name).sort();
+  const got = Object.keys(commit.participants).sort();
+  if (JSON.stringify(expected) !== JSON.stringify(got)) {
+    throw ApplicationFailure.nonRetryable(`committed participants ${got.join(',')} differ from the topology ${expected.join(',')}`, 'invariant_error');
+  }
+  for (const name of got) {
+    const member = input.topology.members.find((m) => m.name === name)!;
+    if (commit.participants[name]!.kind !== member.kind) {
+      throw ApplicationFailure.nonRetryable(`participant ${name} committed as ${commit.participants[name]!.kind}, discovered as ${member.kind}`, 'invariant_error');
+    }
+  }
+}
+
+function failureType(err: unknown): string | undefined {
+  const cause = err instanceof ActivityFailure ? err.cause : err;
+  return cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
+}
+
+function classify(err: unknown): CheckpointReason {
+  const type = failureType(err);
+  return type === 'invariant_error' ? 'invariant_error' : 'io_error';
+}
+
+export function checkpointWorkflowId(run: string, checkpointId: string): string {
+  return `${run}/checkpoint/${checkpointId}`;
+}

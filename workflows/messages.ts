@@ -1,0 +1,54 @@
+// Signals, queries and updates between the client, the training run and its children.
+import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
+import type { CaptureKey } from '../protocol/ids.js';
+import type { CheckpointOutcome, RolloutReport } from '../protocol/controller.js';
+
+/** A rollout attempt → its training run (by workflow ID, so it reaches the current run after continue-as-new). */
+export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
+/** The run → one rollout attempt: its deadline ran out (clocks are kept by the run). */
+export const deadlineExpired = defineSignal('deadlineExpired');
+
+export interface CheckpointCommitted {
+  checkpointId: string;
+  tmpDir: string;
+  environmentKeys: CaptureKey[];
+  restarts: CaptureKey[];
+  scope: CaptureKey[];
+}
+export interface LedgerCutWritten {
+  checkpointId: string;
+  sha256: string;
+  bytes: number;
+  dataloaderCursor: number;
+  baseTrainStep: number;
+  trainerVersion: number;
+}
+/** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now. */
+export const checkpointCommitted = defineSignal<[CheckpointCommitted]>('checkpointCommitted');
+/** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
+export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');
+
+export const pauseRun = defineSignal('pause');
+export const resumeRun = defineSignal('resume');
+export const stopRun = defineSignal('stop');
+
+export interface RunStatus {
+  run: string;
+  phase: string;
+  steps: number;
+  cursor: number;
+  inFlight: number;
+  completedRollouts: number;
+  failedRollouts: number;
+  gates: { weightSync: boolean; gymCheckpoint: boolean };
+  pendingRelease: string | null;
+  pendingAbort: string | null;
+  lastSnapshot: string | null;
+  consecutiveFailures: number;
+  checkpoints: CheckpointOutcome[];
+  rewardPerStep: number[];
+  continuedAsNew: number;
+}
+export const runStatus = defineQuery<RunStatus>('status');
+/** Takes a checkpoint now and returns its outcome. */
+export const checkpointNow = defineUpdate<CheckpointOutcome>('checkpointNow');

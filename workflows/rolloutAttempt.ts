@@ -1,0 +1,119 @@
+// One physical attempt of one sibling (ID `<run>/rollout/<capture key>`): POST `/run` under the
+// attempt's capture key; when its deadline fires (the run keeps the clocks and signals us) or the
+// run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
+// runs on. The report goes to the run by workflow ID, which survives the run's continue-as-new.
+import {
+  ActivityFailure,
+  ApplicationFailure,
+  CancellationScope,
+  condition,
+  getExternalWorkflowHandle,
+  isCancellation,
+  setHandler,
+  sleep,
+  upsertMemo,
+} from '@temporalio/workflow';
+import type { GymTopology, RolloutReport } from '../protocol/controller.js';
+import { captureKey, type EpisodeId } from '../protocol/ids.js';
+import { controlActivities, runActivities } from './activities-proxy.js';
+import { deadlineExpired, rolloutFinished } from './messages.js';
+
+export interface RolloutAttemptInput {
+  run: string;
+  runWorkflowId: string;
+  episode: EpisodeId;
+  environment: string;
+  environmentUrl: string;
+  task: unknown;
+  topology: GymTopology;
+  controlTaskQueue: string;
+  runTaskQueue: string;
+  retireTimeoutS: number;
+}
+
+export async function rolloutAttempt(input: RolloutAttemptInput): Promise<RolloutReport> {
+  const key = captureKey(input.episode);
+  const started = Date.now();
+  let expired = false;
+  setHandler(deadlineExpired, () => {
+    expired = true;
+  });
+  const runActs = runActivities(input.runTaskQueue);
+  const control = controlActivities(input.controlTaskQueue);
+
+  const scope = new CancellationScope();
+  const run = scope.run(() =>
+    runActs.runEpisode.executeWithOptions({ summary: `/run ${key} on ${input.environment}` }, [
+      { run: input.run, environment: input.environment, environmentUrl: input.environmentUrl, episode: input.episode, task: input.task },
+    ]),
+  );
+  let outcome: { report?: RolloutReport; error?: unknown } | undefined;
+  void run.then(
+    (report) => (outcome = { report }),
+    (error: unknown) => (outcome = { error }),
+  );
+  await condition(() => outcome !== undefined || expired);
+
+  let report: RolloutReport;
+  const seconds = (): number => (Date.now() - started) / 1000;
+  if (outcome?.report) {
+    report = outcome.report;
+  } else if (outcome === undefined) {
+    // Deadline: cancel the HTTP call (the activity aborts its request), then retire the attempt.
+    scope.cancel();
+    await run.catch(() => undefined);
+    await retireEverywhere(control, input);
+    report = failedReport(input.episode, 'timed_out', 'rollout deadline expired', false, seconds());
+  } else {
+    const code = failureType(outcome.error);
+    if (code === 'stale_attempt') {
+      // Someone (a restore, an earlier retire) already fenced this attempt everywhere.
+      report = failedReport(input.episode, 'retired', 'attempt was retired', false, seconds());
+    } else {
+      await retireEverywhere(control, input);
+      report = failedReport(input.episode, 'failed', describe(outcome.error), code !== undefined && code !== 'gym_transient', seconds());
+    }
+  }
+  await upsertMemo({ status: report.status, reward: report.reward });
+  await getExternalWorkflowHandle(input.runWorkflowId).signal(rolloutFinished, report);
+  return report;
+}
+
+/** Retire caller first; a checkpoint that is open refuses it (`invalid_phase`), so wait and retry. */
+async function retireEverywhere(control: ReturnType<typeof controlActivities>, input: RolloutAttemptInput): Promise<void> {
+  const key = captureKey(input.episode);
+  for (let i = 0; ; i++) {
+    try {
+      await CancellationScope.nonCancellable(() =>
+        control.gymRetire.executeWithOptions({ summary: `retire ${key}` }, [
+          { topology: input.topology, timeoutS: input.retireTimeoutS, episodes: [input.episode] },
+        ]),
+      );
+      return;
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      const code = failureType(err);
+      if (code !== 'invalid_phase' && code !== 'gym_transient' && code !== 'deadline_exceeded') throw err;
+      // A checkpoint is open (or Gym is briefly unreachable): retry after it resumes.
+      await sleep(Math.min(30_000, 1_000 * 2 ** Math.min(i, 5)));
+    }
+  }
+}
+
+function failedReport(episode: EpisodeId, status: RolloutReport['status'], reason: string, terminal: boolean, seconds: number): RolloutReport {
+  return { captureKey: captureKey(episode), episode, status, reward: null, terminal, reason, result: null, seconds };
+}
+
+function failureType(err: unknown): string | undefined {
+  const cause = err instanceof ActivityFailure ? err.cause : err;
+  return cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
+}
+
+function describe(err: unknown): string {
+  const cause = err instanceof ActivityFailure && err.cause ? err.cause : err;
+  return cause instanceof Error ? cause.message : String(cause);
+}
+
+export function rolloutWorkflowId(run: string, episode: EpisodeId): string {
+  return `${run}/rollout/${captureKey(episode)}`;
+}
