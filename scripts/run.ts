@@ -6,6 +6,7 @@
 //   npm run run -- wait <run>               wait for the run's result
 // Temporal address from --address or TEMPORAL_ADDRESS (default 127.0.0.1:7233).
 import { readFileSync } from 'node:fs';
+import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Client, Connection } from '@temporalio/client';
 import { parse as parseYaml } from 'yaml';
@@ -79,7 +80,7 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.argv[1]?.endsWith('run.ts')) {
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   main().catch((err: unknown) => {
     if (err instanceof ConfigError) {
       console.error(`config error: ${err.message}`);

@@ -1,5 +1,5 @@
 // The activity proxies of the workflows, with their timeouts and retry policies side by side.
-import { proxyActivities } from '@temporalio/workflow';
+import { ActivityCancellationType, proxyActivities } from '@temporalio/workflow';
 import type { createActivities } from '../activities/index.js';
 import { NON_RETRYABLE_ERROR_TYPES } from '../protocol/controller.js';
 
@@ -31,6 +31,10 @@ export function storageActivities(taskQueue?: string): Activities {
 export function runActivities(taskQueue?: string): Activities {
   return proxyActivities<ActivityFunctions>({
     taskQueue,
+    // Explicit: with the option unset, SDK 1.24 sends no cancellation type and core applies
+    // TRY_CANCEL (proto default 0), despite the documented default. A rollout deadline must see
+    // the `/run` actually cancelled before it retires the attempt (controller.md §6, C6).
+    cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     startToCloseTimeout: '24 hours',
     heartbeatTimeout: '60 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds', nonRetryableErrorTypes },

@@ -153,7 +153,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   } catch (err) {
     // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
     const reason = err instanceof AttemptFailed ? err.reason : classify(err);
-    const message = err instanceof Error ? err.message : String(err);
+    const message = describeError(err);
     if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
     let abortPending = false;
     if (prepared) {
@@ -202,7 +202,7 @@ async function gymCall<T>(fn: () => Promise<T>): Promise<T> {
     return await fn();
   } catch (err) {
     const type = failureType(err);
-    const message = err instanceof ActivityFailure && err.cause ? err.cause.message : String(err);
+    const message = describeError(err);
     if (type === 'invariant_error') throw err;
     throw new AttemptFailed(type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error', message);
   }
@@ -229,6 +229,11 @@ function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitO
 function failureType(err: unknown): string | undefined {
   const cause = err instanceof ActivityFailure ? err.cause : err;
   return cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
+}
+
+function describeError(err: unknown): string {
+  const cause = err instanceof ActivityFailure && err.cause ? err.cause : err;
+  return cause instanceof Error ? cause.message : String(cause);
 }
 
 function classify(err: unknown): CheckpointReason {

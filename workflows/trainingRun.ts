@@ -238,6 +238,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   // --- training steps ------------------------------------------------------------------------
 
   function consumeReadyGroups(): void {
+    // A snapshot is bound to one trainer step: no step advances while a checkpoint is in progress.
+    if (checkpointRunning) return;
     for (;;) {
       const ready = L.readyGroups(st.ledger);
       if (ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
