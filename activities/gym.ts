@@ -224,7 +224,13 @@ export function createGymActivities(deps: GymActivityDeps) {
       const members: GymMember[] = found.members.map((m) => ({ name: m.name, url: m.url, kind: m.kind }));
       const servers: GymTopology['servers'] = {};
       for (const [name, e] of Object.entries(endpoints)) servers[name] = { kind: e.kind, url: e.url };
-      return { members, servers, fingerprint: topologyFingerprint(members) };
+      // Process identities (our status extra): a changed one means that server restarted fresh.
+      const instances: Record<string, string> = {};
+      for (const [name, st] of Object.entries(found.statuses)) {
+        const id = (st as { instance_id?: unknown }).instance_id;
+        if (typeof id === 'string') instances[name] = id;
+      }
+      return { members, servers, fingerprint: topologyFingerprint(members), instances };
     },
 
     /** Not prepared is an answer, not an error: the workflow resumes, retires stragglers, and tries a new ID. */

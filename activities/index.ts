@@ -7,12 +7,14 @@ import { createLoaderActivities } from './loader.js';
 import { createMetricsActivities } from './metrics.js';
 import { closeRunPool, createRolloutActivities } from './rollouts.js';
 import { createSnapshotActivities } from './snapshots.js';
+import { createTrainerActivities, type TrainerDeps } from './trainer.js';
 
 export interface ActivityDeps {
   /** Bearer token of the Gym control routes. */
   controlToken: string;
   /** Where logged-not-raised failures go (restore cleanup); default the activity logger. */
   log?: ActivityLog;
+  trainer?: TrainerDeps;
 }
 
 export function createActivities(deps: ActivityDeps) {
@@ -22,6 +24,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createSnapshotActivities(),
     ...createMetricsActivities(),
     ...createLoaderActivities(),
+    ...createTrainerActivities({ ...(deps.log ? { log: deps.log } : {}), ...deps.trainer }),
   };
 }
 

@@ -124,7 +124,10 @@ export function createRolloutActivities() {
           const res = await request(url, {
             method: 'POST',
             dispatcher: runPool(),
-            headers: { 'content-type': 'application/json' },
+            headers: {
+              'content-type': 'application/json',
+              ...(input.expectedInstance ? { 'x-ng-instance-id': input.expectedInstance } : {}),
+            },
             body,
             ...(signal ? { signal } : {}),
           });

@@ -16,6 +16,8 @@ export interface GymTopology {
   servers: Record<string, { kind: string; url: string }>;
   /** SHA-256 of the sorted (name, kind) list: a snapshot only restores into the same topology. */
   fingerprint: string;
+  /** server name → its process identity (`instance_id` in status); changes when it restarts fresh. */
+  instances: Record<string, string>;
 }
 
 export interface GymPrepareOutcome {
@@ -58,6 +60,8 @@ export interface RunEpisodeInput {
   environmentUrl: string;
   episode: EpisodeId;
   task: unknown;
+  /** The environment process the attempt belongs to; a fresh process refuses with `instance_mismatch`. */
+  expectedInstance?: string;
 }
 
 /** What a rollout attempt reports to the training run. */
@@ -141,6 +145,8 @@ export interface CheckpointOutcome {
   releasePending?: boolean;
   /** Gym prepared but the abort failed: dispatch stays closed, the next attempt retries the abort. */
   abortPending?: boolean;
+  /** A Gym process restarted since the controller last saw it: recover before checkpointing. */
+  gymRestarted?: boolean;
   error?: string;
   seconds: CheckpointStageSeconds;
   at: string;
@@ -168,4 +174,7 @@ export const NON_RETRYABLE_ERROR_TYPES = [
   'stale_attempt',
   'gym_not_ready',
   'invariant_error',
+  'instance_mismatch',
+  'trainer_behind',
+  'trainer_ahead',
 ] as const;

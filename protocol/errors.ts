@@ -18,6 +18,8 @@ export const ERROR_STATUS = {
   retire_incomplete: 409,
   checkpoint_error: 409,
   checkpoint_coordinator_unavailable: 503,
+  // Ours: a caller expected another process instance (the server restarted fresh since).
+  instance_mismatch: 409,
   // Not Gym codes: data-plane input that fails its schema, and an unknown route.
   invalid_request: 400,
   not_found: 404,

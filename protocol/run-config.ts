@@ -59,6 +59,24 @@ export const RunConfigSchema = z.strictObject({
       restore_mode: 'latest',
       gym: { prepare_timeout_s: 300, require_model_participant: false },
     }),
+  checkpointing: z
+    .strictObject({
+      /** Trainer checkpoints (anchors) every `save_period` steps, each followed by a Gym-aware snapshot. */
+      enabled: z.boolean().default(true),
+      save_period: z.number().int().min(1).default(1),
+    })
+    .default({ enabled: true, save_period: 1 }),
+  trainer: z
+    .strictObject({
+      /** Run a GRPO step per batch and refit the inference backend (off: steps only count groups). */
+      enabled: z.boolean().default(true),
+    })
+    .default({ enabled: true }),
+  rollout_recovery: z
+    .strictObject({
+      target_level: z.enum(['turn', 'sibling', 'prompt_group']).default('turn'),
+    })
+    .default({ target_level: 'turn' }),
   controller: z
     .strictObject({
       /** Continue-as-new once the run's history has this many events (below the server's limits). */

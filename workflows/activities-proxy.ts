@@ -13,7 +13,8 @@ export function controlActivities(taskQueue?: string): Activities {
   return proxyActivities<ActivityFunctions>({
     taskQueue,
     startToCloseTimeout: '10 minutes',
-    heartbeatTimeout: '2 minutes',
+    // Short: a worker that dies in the middle of a checkpoint is noticed within seconds.
+    heartbeatTimeout: '15 seconds',
     retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', maximumAttempts: 4, nonRetryableErrorTypes },
   });
 }
@@ -36,7 +37,8 @@ export function runActivities(taskQueue?: string): Activities {
     // the `/run` actually cancelled before it retires the attempt (controller.md §6, C6).
     cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     startToCloseTimeout: '24 hours',
-    heartbeatTimeout: '60 seconds',
+    // Each heartbeat that reaches the server is a write; thousands of rollouts heartbeat at once.
+    heartbeatTimeout: '30 seconds',
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds', nonRetryableErrorTypes },
   });
 }

@@ -39,7 +39,13 @@ export interface CheckpointAttemptInput {
   keepLatestK: number;
   prepareTimeoutS: number;
   controlTaskQueue: string;
+  /** Where the Gym's endpoints are (to check that no participant restarted since discovery). */
+  gymRunDir: string;
+  requireModel: boolean;
 }
+
+/** The Gym restarted under the controller: the attempt ends, the run recovers. */
+class GymRestarted extends Error {}
 
 /** A failure of this attempt, classified for the pump (controller.md §2.8). */
 class AttemptFailed extends Error {
@@ -90,6 +96,15 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   try {
     await stage('allocate');
     location = await storage.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor });
+
+    // A participant that restarted fresh holds none of the episodes the controller has in flight:
+    // a snapshot now would publish a cut that continues nothing. Recover first.
+    await stage('check');
+    const now = await control.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel });
+    const restarted = Object.entries(input.topology.instances ?? {}).filter(([name, id]) => now.instances[name] !== id).map(([name]) => name);
+    if (restarted.length > 0) {
+      throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
+    }
 
     await stage('prepare');
     const prep = await timed('prepare', () =>
@@ -154,13 +169,14 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
     const reason = err instanceof AttemptFailed ? err.reason : classify(err);
     const message = describeError(err);
+    const gymRestarted = err instanceof GymRestarted;
     if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
     let abortPending = false;
     if (prepared) {
       await stage('abort');
       abortPending = !(await resumeGym(control, input, seconds));
     }
-    return finish({ outcome: 'failed', reason, error: message, abortPending, scope: scope.map(captureKey), restarts });
+    return finish({ outcome: 'failed', reason, error: message, abortPending, gymRestarted, scope: scope.map(captureKey), restarts });
   }
 
   // Published: the snapshot is durable and authoritative from here on.

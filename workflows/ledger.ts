@@ -249,3 +249,57 @@ export function unfinishedGroupCount(l: Ledger): number {
 export function rolloutIds(g: PromptGroup): string[] {
   return g.siblings.map((s) => s.rollout_id);
 }
+
+// --- recovery (controller.md §4, §5.5) ------------------------------------------------------
+
+/** Capture keys whose model calls form the current attempt's trajectory (a continued chain). */
+export function lineageKeys(s: Sibling): CaptureKey[] {
+  const keys: CaptureKey[] = [];
+  for (let i = s.attempts.length - 1; i >= 0; i--) {
+    const a = s.attempts[i]!;
+    keys.unshift(captureKey(episodeOfAttempt(s, a)));
+    if (!a.continued) break;
+  }
+  return keys;
+}
+
+/** Siblings of generating groups whose current attempt is not sealed. */
+export function unsealedSiblings(l: Ledger): Array<{ group: PromptGroup; sibling: Sibling }> {
+  const out: Array<{ group: PromptGroup; sibling: Sibling }> = [];
+  for (const id of l.order) {
+    const group = l.groups[id]!;
+    for (const sibling of group.siblings) if (currentAttempt(sibling).status !== 'sealed') out.push({ group, sibling });
+  }
+  return out;
+}
+
+/**
+ * Gym restored the current attempt N of this sibling as N+1: it continues from its saved turn
+ * on the same environment server.
+ */
+export function continueFromRestore(s: Sibling, instance: string): Attempt {
+  const cur = currentAttempt(s);
+  cur.status = 'abandoned';
+  cur.reason = 'gym_restored';
+  const next: Attempt = { gym_attempt: cur.gym_attempt + 1, status: 'reserved', gym_instance_id: instance, reward: null, mask_sample: null, continued: true };
+  s.attempts.push(next);
+  return next;
+}
+
+/**
+ * Start the sibling over from its input as a fresh attempt, above every attempt number Gym may
+ * have seen (`skip` reserves numbers a failed restore already retired).
+ */
+export function restartFromInput(s: Sibling, reason: string, skip = 0): Attempt {
+  const cur = currentAttempt(s);
+  if (cur.status !== 'sealed') {
+    cur.status = 'abandoned';
+    cur.reason = reason;
+    cur.reward = null;
+    cur.mask_sample = null;
+  }
+  const max = Math.max(...s.attempts.map((a) => a.gym_attempt)) + skip;
+  const next: Attempt = { gym_attempt: max + 1, status: 'reserved', gym_instance_id: null, reward: null, mask_sample: null, continued: false };
+  s.attempts.push(next);
+  return next;
+}

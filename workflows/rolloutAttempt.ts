@@ -18,12 +18,17 @@ import { captureKey, type EpisodeId } from '../protocol/ids.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
 import { deadlineExpired, rolloutFinished } from './messages.js';
 
+/** The reason a rollout reports when its environment process restarted under it. */
+export const GYM_RESTARTED = 'gym_restarted';
+
 export interface RolloutAttemptInput {
   run: string;
   runWorkflowId: string;
   episode: EpisodeId;
   environment: string;
   environmentUrl: string;
+  /** The environment process that owns this attempt (a fresh process refuses it). */
+  expectedInstance?: string;
   task: unknown;
   topology: GymTopology;
   controlTaskQueue: string;
@@ -44,7 +49,14 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   const scope = new CancellationScope();
   const run = scope.run(() =>
     runActs.runEpisode.executeWithOptions({ summary: `/run ${key} on ${input.environment}` }, [
-      { run: input.run, environment: input.environment, environmentUrl: input.environmentUrl, episode: input.episode, task: input.task },
+      {
+        run: input.run,
+        environment: input.environment,
+        environmentUrl: input.environmentUrl,
+        episode: input.episode,
+        task: input.task,
+        ...(input.expectedInstance ? { expectedInstance: input.expectedInstance } : {}),
+      },
     ]),
   );
   let outcome: { report?: RolloutReport; error?: unknown } | undefined;
@@ -69,6 +81,9 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
     if (code === 'stale_attempt') {
       // Someone (a restore, an earlier retire) already fenced this attempt everywhere.
       report = failedReport(input.episode, 'retired', 'attempt was retired', false, seconds());
+    } else if (code === 'instance_mismatch') {
+      // The environment restarted fresh: nothing of this attempt runs there; the run recovers it.
+      report = failedReport(input.episode, 'failed', GYM_RESTARTED, false, seconds());
     } else {
       await retireEverywhere(control, input);
       report = failedReport(input.episode, 'failed', describe(outcome.error), code !== undefined && code !== 'gym_transient', seconds());

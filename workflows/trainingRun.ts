@@ -2,6 +2,7 @@
 // rollout deadlines, dispatch, the checkpoint pump and training-step consumption; its event history
 // is the controller's durable memory. Rollout and checkpoint attempts are child workflows.
 import {
+  ActivityFailure,
   ApplicationFailure,
   ParentClosePolicy,
   allHandlersFinished,
@@ -17,6 +18,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
+import type { TrainBatch } from '../activities/trainer.js';
 import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import type { RunConfig } from '../protocol/run-config.js';
@@ -37,7 +39,7 @@ import {
   type CheckpointCommitted,
   type RunStatus,
 } from './messages.js';
-import { rolloutAttempt, rolloutWorkflowId } from './rolloutAttempt.js';
+import { GYM_RESTARTED, rolloutAttempt, rolloutWorkflowId } from './rolloutAttempt.js';
 
 export interface InFlight {
   episode: EpisodeId;
@@ -73,6 +75,26 @@ export interface RunState {
   continuedAsNew: number;
   paused: boolean;
   stopRequested: boolean;
+  /** Batches trained since the newest trainer anchor (re-sent when the trainer lost its state). */
+  trainedBatches: Array<{ step: number; expectedVersion: number; batch: TrainBatch; cursor: number }>;
+  /** Step of the newest durable trainer anchor (0: bootstrap). */
+  lastAnchorStep: number;
+  /** Capture keys the last published snapshot continues (its Gym scope). */
+  lastSnapshotScope: CaptureKey[];
+  /** A Gym process restarted under in-flight attempts: restore and redispatch before new work. */
+  recoveryNeeded: boolean;
+  recoveries: RecoveryRecord[];
+  /** The step whose missing trainer anchor was already reported (log once per step). */
+  missingAnchorStep: number | null;
+}
+
+export interface RecoveryRecord {
+  at: string;
+  restoreId: string | null;
+  snapshotDir: string | null;
+  continued: CaptureKey[];
+  restarted: CaptureKey[];
+  error?: string;
 }
 
 export interface TrainingRunInput {
@@ -89,9 +111,13 @@ export interface RunSummary {
   checkpoints: CheckpointOutcome[];
   lastSnapshot: string | null;
   continuedAsNew: number;
+  recoveries: RecoveryRecord[];
+  trainerVersion: number;
 }
 
 const GYM_HOLDER = 'gym-checkpoint';
+const WEIGHT_SYNC_HOLDER = 'weight-sync';
+const RECOVERY_HOLDER = 'gym-recovery';
 const MAX_KEPT_OUTCOMES = 50;
 const FORGET_BATCH = 64;
 
@@ -119,6 +145,12 @@ export function initialState(config: RunConfig): RunState {
     continuedAsNew: 0,
     paused: false,
     stopRequested: false,
+    trainedBatches: [],
+    lastAnchorStep: 0,
+    lastSnapshotScope: [],
+    recoveryNeeded: false,
+    recoveries: [],
+    missingAnchorStep: null,
   };
 }
 
@@ -128,6 +160,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const runId = workflowInfo().workflowId;
   const control = controlActivities(cfg.run.task_queue);
   const storage = storageActivities(cfg.run.task_queue);
+  const trainer = storageActivities(cfg.run.task_queue);
   const totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
   const intervalMs = cfg.rollout_checkpointing.snapshot_attempt_interval_s === null ? null : cfg.rollout_checkpointing.snapshot_attempt_interval_s * 1000;
 
@@ -137,6 +170,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   };
   let cutRequest: CheckpointCommitted | undefined;
   let checkpointRunning = false;
+  let boundaryRequested = false;
   let manualRequested = 0;
   let manualServed = 0;
   const manualOutcomes: Record<number, CheckpointOutcome> = {};
@@ -201,7 +235,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     return 'dispatching';
   }
 
-  const admissionOpen = (): boolean => !st.gates.weightSync && !st.gates.gymCheckpoint && !st.paused && !st.stopRequested;
+  const admissionOpen = (): boolean =>
+    !st.gates.weightSync && !st.gates.gymCheckpoint && !st.paused && !st.stopRequested && !st.recoveryNeeded;
 
   // --- results -----------------------------------------------------------------------------
 
@@ -223,6 +258,12 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       void flight;
       const found = L.findSibling(st.ledger, r.episode.rollout_id);
       if (!found || L.currentAttempt(found.sibling).gym_attempt !== r.episode.attempt) continue;
+      if (r.reason === GYM_RESTARTED) {
+        // Not the attempt's fault: the Gym process under it restarted. Recovery decides whether
+        // it continues from the last snapshot (N+1) or starts over; it stays `dispatched` until then.
+        st.recoveryNeeded = true;
+        continue;
+      }
       st.failedRollouts += 1;
       const attemptsSoFar = found.sibling.attempts.length;
       if (attemptsSoFar >= cfg.async_rl.max_attempts_per_sibling || r.terminal) {
@@ -237,30 +278,106 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   // --- training steps ------------------------------------------------------------------------
 
-  function consumeReadyGroups(): void {
+  let training = false;
+
+  /** The trajectory of each sibling: its reward and the attempts whose model calls it used. */
+  function batchOf(groups: L.PromptGroup[]): TrainBatch {
+    return groups.map((g) => ({
+      group_id: g.group_id,
+      siblings: g.siblings.map((s) => {
+        const a = L.currentAttempt(s);
+        return { rollout_id: s.rollout_id, reward: a.reward ?? 0, mask: a.mask_sample ?? true, captureKeys: L.lineageKeys(s) };
+      }),
+    }));
+  }
+
+  function backendUrl(): string | undefined {
+    return Object.values(st.topology?.servers ?? {}).find((s) => s.kind === 'inference')?.url;
+  }
+
+  /** One GRPO step; after a trainer crash, the batches since its newest anchor are re-sent first. */
+  async function trainStep(step: number, batch: TrainBatch, cursor: number): Promise<void> {
+    const url = backendUrl();
+    if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
+    const send = (s: number, v: number, b: TrainBatch, c: number) =>
+      trainer.trainStep.executeWithOptions({ summary: `GRPO step ${s} (policy v${v} → v${v + 1})` }, [
+        { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, backendUrl: url, expectedVersion: v, step: s, batch: b, cursor: c },
+      ]);
+    for (let tries = 0; ; tries++) {
+      try {
+        const r = await send(step, st.trainerVersion, batch, cursor);
+        st.trainerVersion = r.version;
+        return;
+      } catch (err) {
+        const f = err instanceof ActivityFailure ? err.cause : undefined;
+        if (!(f instanceof ApplicationFailure) || f.type !== 'trainer_behind' || tries > 0) throw err;
+        // The trainer restarted from its newest anchor: redo the steps after it from the kept batches.
+        const have = (f.details?.[0] as { step?: number } | undefined)?.step ?? 0;
+        log.warn('trainer lost its state; replaying batches after its anchor', { anchorStep: have });
+        for (const t of st.trainedBatches.filter((b) => b.step > have)) await send(t.step, t.expectedVersion, t.batch, t.cursor);
+      }
+    }
+  }
+
+  async function trainReadyGroups(): Promise<void> {
     // A snapshot is bound to one trainer step: no step advances while a checkpoint is in progress.
-    if (checkpointRunning) return;
-    for (;;) {
-      const ready = L.readyGroups(st.ledger);
-      if (ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
-      const batch = ready.slice(0, cfg.grpo.num_prompts_per_step);
-      let sum = 0;
-      let n = 0;
-      for (const g of batch) {
-        for (const s of g.siblings) {
-          const a = L.currentAttempt(s);
-          if (!a.mask_sample) {
-            sum += a.reward ?? 0;
-            n += 1;
+    if (checkpointRunning || training) return;
+    training = true;
+    try {
+      for (;;) {
+        if (checkpointRunning) return;
+        const ready = L.readyGroups(st.ledger);
+        if (ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
+        const groups = ready.slice(0, cfg.grpo.num_prompts_per_step);
+        const batch = batchOf(groups);
+        const live = batch.flatMap((g) => g.siblings).filter((x) => !x.mask);
+        const mean = live.length ? live.reduce((a, x) => a + x.reward, 0) / live.length : 0;
+        const step = st.steps + 1;
+        if (cfg.trainer.enabled) {
+          // Weight sync: admission closed by its own gate (the checkpoint gate is not touched).
+          st.gates.weightSync = true;
+          D.hold(st.deadlines, WEIGHT_SYNC_HOLDER, Date.now());
+          try {
+            await trainStep(step, batch, st.ledger.cursor);
+          } finally {
+            st.gates.weightSync = false;
+            D.release(st.deadlines, WEIGHT_SYNC_HOLDER, Date.now());
           }
         }
-        L.consumeGroup(st.ledger, g.group_id);
-        st.forgetQueue.push(...L.rolloutIds(g));
+        for (const g of groups) {
+          L.consumeGroup(st.ledger, g.group_id);
+          st.forgetQueue.push(...L.rolloutIds(g));
+        }
+        st.steps = step;
+        st.rewardPerStep.push(mean);
+        st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - (cfg.trainer.enabled ? 1 : 0), batch, cursor: st.ledger.cursor });
+        log.info('training step', { step, reward: mean, policyVersion: st.trainerVersion });
+        await upsertMemo({ steps: st.steps, policyVersion: st.trainerVersion });
+        if (cfg.trainer.enabled && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
+          await saveTrainerAnchor(step);
+        }
       }
-      st.steps += 1;
-      st.rewardPerStep.push(n ? sum / n : 0);
-      log.info('training step', { step: st.steps, reward: st.rewardPerStep[st.rewardPerStep.length - 1] });
+    } finally {
+      // No wake() here: the main loop calls this every pass, and waking it would spin forever.
+      training = false;
     }
+  }
+
+  /** Trainer anchor durable → fallback marker → a Gym-aware snapshot at that anchor (controller.md §2.6). */
+  async function saveTrainerAnchor(step: number): Promise<void> {
+    await trainer.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step}` }, [
+      { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, step, cursor: st.ledger.cursor },
+    ]);
+    await trainer.writeGymRestartFallback({
+      checkpointDir: cfg.run.checkpoint_dir,
+      step,
+      trainerVersion: st.trainerVersion,
+      topologyFingerprint: st.topology?.fingerprint ?? '',
+    });
+    st.lastAnchorStep = step;
+    // The batches before the anchor are in it now.
+    st.trainedBatches = st.trainedBatches.filter((b) => b.step > step);
+    boundaryRequested = true;
   }
 
   // --- dispatch ------------------------------------------------------------------------------
@@ -320,6 +437,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 episode,
                 environment: group.environment,
                 environmentUrl: env.url,
+                ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
                 task: group.tasks[sibling.generation_index],
                 topology,
                 controlTaskQueue: cfg.run.task_queue,
@@ -443,11 +561,22 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (wasRelease) throw new Error('unreachable: a released pending snapshot returns its outcome');
       // The abort went through: continue with a new attempt.
     }
+    if (cfg.trainer.enabled && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
+      // A snapshot binds to a durable trainer anchor of the current step (controller.md §2.1).
+      return skipped('missing_trainer_anchor', trigger);
+    }
     const checkpointId = mintCheckpointId();
     const closedAt = Date.now();
     closeGymGate();
     setCurrentDetails(`**run** \`${cfg.run.name}\`: checkpoint \`${checkpointId}\` (${trigger}) in progress`);
-    const inFlight = Object.values(st.inFlight).map((f) => f.episode);
+    // Scope candidates: attempts in flight, and restored replacements (N+1) not dispatched yet —
+    // a scope that left them out would delete their saved turns.
+    const inFlight = [
+      ...Object.values(st.inFlight).map((f) => f.episode),
+      ...L.reservedAttempts(st.ledger)
+        .filter(({ attempt }) => attempt.continued)
+        .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
+    ];
     const handle = await startChild(checkpointAttempt, {
       workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
       taskQueue: cfg.run.task_queue,
@@ -467,6 +596,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           keepLatestK: cfg.rollout_checkpointing.keep_latest_k,
           prepareTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
           controlTaskQueue: cfg.run.task_queue,
+          gymRunDir: cfg.run.gym_run_dir,
+          requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
         },
       ],
     });
@@ -506,12 +637,123 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     } else {
       openGymGate();
     }
+    if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
+    if (o.gymRestarted) st.recoveryNeeded = true;
     return o;
+  }
+
+  /**
+   * Recovery after a Gym crash, with the controller alive (design.md "Recovery"): every attempt in
+   * flight reports its dead process; rediscover the fresh processes; restore the latest published
+   * snapshot all-or-nothing (scope = its saved attempts N that are still unfinished); continued
+   * attempts become N+1 on the same environment server; everything else unfinished starts over
+   * from its input. Sealed work is never redone: it is in this workflow's history.
+   */
+  async function recoverGym(): Promise<void> {
+    D.hold(st.deadlines, RECOVERY_HOLDER, Date.now());
+    const record: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
+    try {
+      for (;;) {
+        applyReports();
+        if (Object.keys(st.inFlight).length === 0) break;
+        await condition(() => st.reports.length > 0);
+      }
+      const topology = await control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
+      st.topology = topology;
+      const level = cfg.rollout_recovery.target_level;
+      const saved = new Set(st.lastSnapshotScope);
+      const unsealed = L.unsealedSiblings(st.ledger);
+      // The saved attempt N of a sibling: its current attempt if that was in flight, or the attempt
+      // before a restored replacement that never started (a second crash before it ran).
+      const savedEpisode = (sib: L.Sibling): EpisodeId | undefined => {
+        const cur = L.currentAttempt(sib);
+        if (cur.status === 'dispatched' && saved.has(L.siblingKey(sib))) return L.episodeOfAttempt(sib, cur);
+        if (cur.status === 'reserved' && cur.continued) {
+          const prev = sib.attempts[sib.attempts.length - 2];
+          if (prev && saved.has(captureKey(L.episodeOfAttempt(sib, prev)))) return L.episodeOfAttempt(sib, prev);
+        }
+        return undefined;
+      };
+      let candidates = level === 'turn' && st.lastSnapshot ? unsealed.filter((u) => savedEpisode(u.sibling) !== undefined) : [];
+      // Group-scored groups re-form at /verify only whole: continue all their unfinished siblings or none.
+      candidates = candidates.filter(
+        (u) =>
+          u.group.recovery_granularity !== 'prompt_group' ||
+          unsealed.filter((x) => x.group === u.group).every((x) => candidates.some((c) => c.sibling === x.sibling)),
+      );
+      const scope = candidates.map((u) => savedEpisode(u.sibling)!);
+      const continued = new Set<string>();
+      let restoreFailed = false;
+      if (scope.length > 0 && st.lastSnapshot) {
+        const restoreId = `restore-${uuid4().replace(/-/g, '')}`;
+        record.restoreId = restoreId;
+        try {
+          const r = await control.gymRestore.executeWithOptions({ summary: `restore ${scope.length} episodes from ${st.lastSnapshot}` }, [
+            { topology, restoreId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, checkpointDir: st.lastSnapshot, scope },
+          ]);
+          await control.gymResume({ topology, checkpointId: restoreId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s });
+          for (const u of candidates) {
+            const e = savedEpisode(u.sibling)!;
+            const replacement = captureKey({ rollout_id: e.rollout_id, attempt: e.attempt + 1 });
+            if ((r.restored[u.group.environment] ?? []).includes(replacement)) continued.add(u.sibling.rollout_id);
+          }
+        } catch (err) {
+          // All or nothing: the coordination client retired the replacements N+1 everywhere.
+          restoreFailed = true;
+          record.error = String(err);
+          log.warn('restore after the Gym crash failed; unfinished work starts over', { error: String(err) });
+        }
+      }
+      const retireOld: EpisodeId[] = [];
+      const scopeRollouts = new Set(scope.map((e) => e.rollout_id));
+      for (const u of unsealed) {
+        const cur = L.currentAttempt(u.sibling);
+        if (continued.has(u.sibling.rollout_id)) {
+          // A reserved replacement (second crash before it ran) is restored again as the same N+1.
+          if (cur.status === 'dispatched') L.continueFromRestore(u.sibling, u.group.environment);
+          record.continued.push(L.siblingKey(u.sibling));
+          continue;
+        }
+        if (cur.status === 'reserved' && !cur.continued) continue; // never reached Gym: dispatch as is
+        if (cur.status === 'dispatched') retireOld.push(L.episodeOfAttempt(u.sibling, cur));
+        L.restartFromInput(u.sibling, 'gym_crash', restoreFailed && scopeRollouts.has(u.sibling.rollout_id) ? 1 : 0);
+        record.restarted.push(L.siblingKey(u.sibling));
+      }
+      if (level === 'prompt_group') {
+        // Saved turns are thrown away and every group with unfinished work reruns whole.
+        for (const g of new Set(unsealed.map((u) => u.group))) {
+          for (const sib of g.siblings) {
+            if (L.currentAttempt(sib).status === 'sealed') {
+              L.restartFromInput(sib, 'prompt_group_rerun');
+              record.restarted.push(L.siblingKey(sib));
+            }
+          }
+          g.status = 'generating';
+        }
+      }
+      // A harness of a dead attempt that outlived the crash must not write into the rerun.
+      if (retireOld.length > 0) {
+        await control.gymRetire({ topology, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, episodes: retireOld }).catch((err) => {
+          log.warn('retiring the dead attempts failed (fresh processes hold nothing of them)', { error: String(err) });
+        });
+        st.forgetQueue.push(...retireOld.map((e) => e.rollout_id).filter((r) => !L.findSibling(st.ledger, r)));
+      }
+      log.info('recovered from a Gym crash', { continued: record.continued.length, restarted: record.restarted.length });
+    } finally {
+      st.recoveries = [...st.recoveries, record].slice(-MAX_KEPT_OUTCOMES);
+      st.recoveryNeeded = false;
+      D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
+      wake();
+    }
+  }
+
+  function skipped(reason: 'missing_trainer_anchor', trigger: CheckpointTrigger): CheckpointOutcome {
+    return { checkpointId: '', trigger, outcome: 'skipped', reason, seconds: {}, at: new Date().toISOString() };
   }
 
   function checkpointDue(): boolean {
     if (checkpointRunning || !st.topology) return false;
-    if (manualRequested > manualServed) return true;
+    if (manualRequested > manualServed || boundaryRequested) return true;
     if (st.pendingRelease || st.pendingAbort) {
       // Retry a pending release/abort soon: admission stays closed until it goes through.
       return Date.now() - (st.lastCheckpointAtMs ?? 0) >= Math.min(intervalMs ?? 5_000, 5_000);
@@ -523,10 +765,22 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   function startCheckpoint(): void {
     const manual = manualRequested > manualServed;
     const ticket = manual ? ++manualServed : 0;
+    const trigger: CheckpointTrigger = manual ? 'manual' : boundaryRequested ? 'trainer_boundary' : 'periodic';
+    boundaryRequested = false;
     checkpointRunning = true;
     void (async () => {
       try {
-        const o = await runCheckpoint(manual ? 'manual' : 'periodic');
+        const o = await runCheckpoint(trigger);
+        if (o.outcome === 'skipped' && o.reason === 'missing_trainer_anchor') {
+          // Logged once per step, not every tick; not a failure and not an attempt.
+          if (st.missingAnchorStep !== st.steps) {
+            st.missingAnchorStep = st.steps;
+            log.info('periodic checkpoint skipped: no trainer anchor for this step yet', { step: st.steps });
+          }
+          st.lastCheckpointAtMs = Date.now();
+          if (ticket) manualOutcomes[ticket] = o;
+          return;
+        }
         await record(o);
         if (ticket) manualOutcomes[ticket] = o;
       } catch (err) {
@@ -552,7 +806,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (fatal) throw fatal;
     changed = false;
     applyReports();
-    consumeReadyGroups();
+    await trainReadyGroups();
+    if (st.recoveryNeeded && !checkpointRunning) await recoverGym();
     if (done() && !st.pendingRelease && !st.pendingAbort && manualRequested === manualServed) break;
     if (checkpointDue()) startCheckpoint();
     await signalExpired();
@@ -589,6 +844,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     checkpoints: st.checkpoints,
     lastSnapshot: st.lastSnapshot,
     continuedAsNew: st.continuedAsNew,
+    recoveries: st.recoveries,
+    trainerVersion: st.trainerVersion,
   };
 
   function nextCheckpointMs(): number | undefined {

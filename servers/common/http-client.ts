@@ -9,7 +9,8 @@ import { cookieHeader, parseSetCookies } from './session-cookie.js';
 let dataPool: Agent | undefined;
 
 export function dataAgent(): Agent {
-  dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 256, keepAliveTimeout: 30_000 });
+  // No per-origin connection cap: thousands of episodes may each hold a parked call to one server.
+  dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000 });
   return dataPool;
 }
 

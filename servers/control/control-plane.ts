@@ -2,6 +2,7 @@
 // checkpoint-ID fencing, idempotent replay, the lease, retire marks, and one export / one write /
 // one cleanup per checkpoint. It knows nothing about episodes, sessions or ledgers: it asks the
 // participant kind through its hooks.
+import { randomUUID } from 'node:crypto';
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, sortedKeys, type CaptureKey, type EpisodeId, type Kind } from '../../protocol/ids.js';
 import {
@@ -74,6 +75,11 @@ export class ControlPlane {
   readonly kind: Kind;
   readonly hooks: ParticipantHooks;
   readonly marks = new RetireMarks();
+  /**
+   * Ours (beyond Gym): identifies this process, so a controller can tell a participant that came
+   * back fresh after a crash from one that kept its state.
+   */
+  readonly instanceId = randomUUID();
 
   private phase: Phase = 'idle';
   private checkpointId: string | null = null;
@@ -164,6 +170,7 @@ export class ControlPlane {
       lease_expires_at: this.leaseExpiresAt,
       retired_rollouts: this.marks.size,
       report: this.currentReport(),
+      instance_id: this.instanceId,
       ...(this.hooks.statusExtras?.() ?? {}),
     };
   }

@@ -73,6 +73,12 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
   });
 
   app.post('/run', async (req, reply) => {
+    // Ours: a controller that dispatched to an earlier process of this server (before a crash)
+    // must not start the attempt again from its input here; it restores and redispatches instead.
+    const expected = req.headers[INSTANCE_HEADER];
+    if (plane && typeof expected === 'string' && expected !== plane.instanceId) {
+      throw refuse('instance_mismatch', `this is environment process ${plane.instanceId}, not ${expected} (it restarted)`);
+    }
     const parsed = RunRequestSchema.safeParse(req.body);
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!;
@@ -89,6 +95,9 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
 
   return { app, participant, plane, replies };
 }
+
+/** Header a controller sets on `/run` with the environment's `instance_id` it discovered. */
+export const INSTANCE_HEADER = 'x-ng-instance-id';
 
 const environmentModule: ServerModule<EnvironmentOptions> = {
   optionsSchema: EnvironmentOptionsSchema,

@@ -39,11 +39,11 @@ export function spawnGroup(opts: SpawnGroupOptions): GroupProcess {
     child.once('exit', (code, sig) => resolve(code ?? sig ?? 'unknown'));
     child.once('error', () => resolve('error'));
   });
-  if (opts.onLine) {
-    for (const stream of ['stdout', 'stderr'] as const) {
-      const s = child[stream];
-      if (s) createInterface({ input: s }).on('line', (l) => opts.onLine!(l, stream));
-    }
+  // Always drain piped output: a child whose pipe fills up blocks on its next write.
+  const onLine = opts.onLine ?? ((): void => undefined);
+  for (const stream of ['stdout', 'stderr'] as const) {
+    const s = child[stream];
+    if (s) createInterface({ input: s }).on('line', (l) => onLine(l, stream));
   }
   const signal = (sig: NodeJS.Signals): void => {
     try {

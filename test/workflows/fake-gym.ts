@@ -21,6 +21,8 @@ export type Failure = 'transient' | 'refusal' | 'invariant';
 export interface FakeGymScript {
   /** Prepare replies not ready this many times (then ready). */
   notReady?: number;
+  /** Prepare throws this many times: Gym's prepare-past-deadline refusal (`deadline_exceeded`). */
+  prepareDeadlineExceeded?: number;
   /** Commit throws this many times (per attempt of the activity). */
   commitFailures?: number;
   commitFailure?: Failure;
@@ -28,7 +30,7 @@ export interface FakeGymScript {
   resumeFailures?: number;
   /** Commit answers with participants that differ from the topology (a controller invariant). */
   commitWrongParticipants?: boolean;
-  /** Held prepares wait for `releasePrepare()`. */
+  /** Held prepares wait for `releasePrepare()` (heartbeating, like the real Gym calls). */
   holdPrepare?: boolean;
   /** `/run` replies wait for `finishRun(key)` (or `finishAll`); else they finish after `runMs`. */
   holdRuns?: boolean;
@@ -43,6 +45,7 @@ const TOPOLOGY: GymTopology = {
   ],
   servers: { counter_env: { kind: 'environment', url: 'http://127.0.0.1:1' }, weather_env: { kind: 'environment', url: 'http://127.0.0.1:1' } },
   fingerprint: 'f'.repeat(64),
+  instances: { env: 'env-1', agent: 'agent-1' },
 };
 
 export class FakeGym {
@@ -78,6 +81,16 @@ export class FakeGym {
     return this.calls.filter((c) => c.startsWith(prefix)).length;
   }
 
+  /** Capture keys of every `/run` call, in call order. */
+  runKeys(): string[] {
+    return this.calls.filter((c) => c.startsWith('run:')).map((c) => c.slice('run:'.length));
+  }
+
+  /** Calls other than `/run` and discovery (the checkpoint protocol and snapshot I/O). */
+  controlCalls(): string[] {
+    return this.calls.filter((c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && c !== 'discover' && !c.startsWith('forget:'));
+  }
+
   activities(): Partial<Activities> {
     const fail = (kind: Failure, what: string): never => {
       if (kind === 'transient') throw ApplicationFailure.retryable(`${what}: HTTP 500`, 'gym_transient');
@@ -107,7 +120,25 @@ export class FakeGym {
       },
       gymPrepare: async (input): Promise<GymPrepareOutcome> => {
         this.calls.push(`prepare:${input.checkpointId}`);
-        if (s.holdPrepare) await new Promise<void>((r) => (this.prepareGate = r));
+        if (s.holdPrepare) {
+          // The real Gym activities heartbeat while they wait (cancellation and the 2-minute
+          // heartbeat timeout both go through heartbeats; time skipping needs them to land).
+          const ctx = Context.current();
+          const beat = setInterval(() => ctx.heartbeat(), 200);
+          try {
+            await new Promise<void>((resolve, reject) => {
+              this.prepareGate = resolve;
+              ctx.cancellationSignal.addEventListener('abort', () => reject(ctx.cancellationSignal.reason));
+            });
+          } finally {
+            clearInterval(beat);
+          }
+        }
+        if ((s.prepareDeadlineExceeded ?? 0) > 0) {
+          s.prepareDeadlineExceeded! -= 1;
+          // As activities/gym.ts renders a refusal: non-retryable, typed by its code.
+          throw ApplicationFailure.nonRetryable('prepare: past the deadline', 'deadline_exceeded');
+        }
         if ((s.notReady ?? 0) > 0) {
           s.notReady! -= 1;
           return { checkpointId: input.checkpointId, prepared: false, restarts: [], blockers: { env: ['r-busy'] }, seconds: 0.01 };
@@ -156,14 +187,17 @@ export class FakeGym {
         const ctx = Context.current();
         try {
           const reward = await new Promise<number>((resolve, reject) => {
-            this.runWaiters.set(key, resolve);
-            if (!s.holdRuns) setTimeout(() => resolve(s.reward?.(key) ?? 1), s.runMs ?? 20);
             const beat = setInterval(() => ctx.heartbeat(), 200);
+            const stop = (): void => clearInterval(beat);
+            this.runWaiters.set(key, (reward) => {
+              stop();
+              resolve(reward);
+            });
+            if (!s.holdRuns) setTimeout(() => (stop(), resolve(s.reward?.(key) ?? 1)), s.runMs ?? 20);
             ctx.cancellationSignal.addEventListener('abort', () => {
-              clearInterval(beat);
+              stop();
               reject(ctx.cancellationSignal.reason);
             });
-            void Promise.resolve().then(() => undefined);
           });
           return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds: (Date.now() - started) / 1000 };
         } finally {

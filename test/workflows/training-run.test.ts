@@ -1,75 +1,489 @@
 // The controller's workflows on the time-skipping test server with a real Worker and fake
-// activities that throw the real error types.
-import { randomUUID } from 'node:crypto';
+// activities that throw the real error types (test/workflows/fake-gym.ts). Time only skips while
+// the client awaits a result or in `env.sleep`, and never while an activity is open: the server
+// locks its clock from an activity's schedule to its completion. A held `/run` or prepare therefore
+// means real time (so do activity retry backoffs). Each test has its own run name and task queue;
+// tests in this file run one after another (the server clock is global).
+import { ApplicationFailure } from '@temporalio/common';
+import { WorkflowFailedError, WorkflowUpdateStage, type WorkflowHandleWithFirstExecutionRunId } from '@temporalio/client';
 import type { TestWorkflowEnvironment } from '@temporalio/testing';
-import { Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { WorkflowFailedError } from '@temporalio/client';
+import type { WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
-import { bundleWorkflows } from '../../worker.js';
-import { checkpointNow, runStatus } from '../../workflows/messages.js';
-import { trainingRun } from '../../workflows/trainingRun.js';
+import type { CheckpointOutcome } from '../../protocol/controller.js';
+import { parseCaptureKey } from '../../protocol/ids.js';
+import type { RunConfig } from '../../protocol/run-config.js';
+import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
+import { checkpointNow, runStatus, type RunStatus } from '../../workflows/messages.js';
+import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
+import { trainingRun, type RunSummary } from '../../workflows/trainingRun.js';
 import { createTimeSkippingEnv } from '../helpers/temporal.js';
 import { FakeGym } from './fake-gym.js';
+import { bundleUnderTest, delay, installQuietRuntime, recordHistories, runConfig, until, withWorker } from './harness.js';
 
 let env: TestWorkflowEnvironment;
 let bundle: WorkflowBundleWithSourceMap;
 
 beforeAll(async () => {
-  env = await createTimeSkippingEnv();
-  bundle = await bundleWorkflows();
+  installQuietRuntime();
+  [env, bundle] = await Promise.all([createTimeSkippingEnv(), bundleUnderTest()]);
 });
 afterAll(async () => {
   await env?.teardown();
 });
 
-function config(overrides: Record<string, unknown> = {}, tq = `tq-${randomUUID()}`): RunConfig {
-  const base = {
-    run: { name: `run-${randomUUID().slice(0, 8)}`, gym_run_dir: '/nonexistent', checkpoint_dir: '/tmp/ckpt', task_queue: tq, rollout_task_queue: tq },
-    grpo: { num_prompts_per_step: 1, num_generations_per_prompt: 2, max_num_steps: 2, tasksets: ['counter'] },
-    ...overrides,
-  };
-  return RunConfigSchema.parse(base);
+type RunHandle = WorkflowHandleWithFirstExecutionRunId<typeof trainingRun>;
+
+async function startRun(cfg: RunConfig): Promise<RunHandle> {
+  return env.client.workflow.start(trainingRun, { workflowId: cfg.run.name, taskQueue: cfg.run.task_queue, args: [{ config: cfg }] });
 }
 
-async function withWorker<T>(gym: FakeGym, cfg: RunConfig, fn: () => Promise<T>): Promise<T> {
-  const worker = await Worker.create({
-    connection: env.nativeConnection,
-    taskQueue: cfg.run.task_queue,
-    workflowBundle: bundle,
-    activities: gym.activities(),
-  });
-  return worker.runUntil(fn());
+const status = (h: RunHandle): Promise<RunStatus> => h.query(runStatus);
+
+async function isClosed(h: RunHandle): Promise<boolean> {
+  const d = await h.describe();
+  return d.status.name !== 'RUNNING' && d.status.name !== 'CONTINUED_AS_NEW';
 }
 
-describe('training run', () => {
-  it('runs every rollout exactly once, and a manual checkpoint is prepare → commit → cut → publish → resume', async () => {
+/** Lets every held `/run` (including ones dispatched meanwhile) finish until the run closes; its result. */
+async function finishRun(gym: FakeGym, h: RunHandle): Promise<RunSummary> {
+  await until(async () => {
+    gym.finishAll();
+    return isClosed(h);
+  }, 'the run to close');
+  return h.result();
+}
+
+/** The run fails: its failure (an ApplicationFailure typed by the reason). */
+async function runFailure(h: RunHandle): Promise<ApplicationFailure> {
+  await until(() => isClosed(h), 'the run to close');
+  const err = await h.result().then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(WorkflowFailedError);
+  const cause = (err as WorkflowFailedError).cause;
+  expect(cause).toBeInstanceOf(ApplicationFailure);
+  return cause as ApplicationFailure;
+}
+
+/** An update that may race the run failing on the same outcome: the outcome, or undefined. */
+async function checkpointMayFail(h: RunHandle): Promise<CheckpointOutcome | undefined> {
+  return h.executeUpdate(checkpointNow).catch(() => undefined);
+}
+
+/** Every `/run` call went out at most once per capture key (no duplicate dispatch). */
+function expectRunsOnce(gym: FakeGym): void {
+  const keys = gym.runKeys();
+  expect(new Set(keys).size, `duplicate /run calls: ${keys.join(' ')}`).toBe(keys.length);
+}
+
+const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] =>
+  [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
+
+describe('checkpoint attempts in a training run', () => {
+  it('1. clean attempt: every rollout runs once; prepare → commit → cut → manifest → validate → publish → retention → resume', async () => {
     const gym = new FakeGym();
     gym.script.holdRuns = true;
-    const cfg = config();
-    await withWorker(gym, cfg, async () => {
-      const handle = await env.client.workflow.start(trainingRun, { workflowId: cfg.run.name, taskQueue: cfg.run.task_queue, args: [{ config: cfg }] });
-      // wait until the first two rollouts are in flight
-      while (gym.running.size < 2) await new Promise((r) => setTimeout(r, 50));
+    const cfg = runConfig('golden-clean-attempt');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
       const outcome = await handle.executeUpdate(checkpointNow);
-      expect(outcome).toMatchObject({ outcome: 'completed', reason: 'completed', trigger: 'manual' });
-      expect(outcome.scope?.sort()).toEqual([...gym.running].sort());
+      expect(outcome).toMatchObject({ outcome: 'completed', reason: 'completed', trigger: 'manual', sequence: 1 });
+      expect([...(outcome.scope ?? [])].sort()).toEqual([...gym.running].sort());
       const id = outcome.checkpointId;
-      const order = gym.calls.filter((c) => !c.startsWith('run:') && c !== 'discover');
-      expect(order).toEqual([`allocate:1`, `prepare:${id}`, `commit:${id}`, 'ledger-cut', 'manifest', 'validate', 'publish:1', 'retention', `resume:${id}`]);
+      expect(id).toMatch(/^rollout-step-0-snapshot-1-[0-9a-f]{32}$/);
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'ledger-cut', 'manifest', 'validate', 'publish:1', 'retention', `resume:${id}`]);
+      const s = await status(handle);
+      expect(s.gates.gymCheckpoint).toBe(false);
+      expect(s.lastSnapshot).toBe(outcome.snapshotDir);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
+      expect(gym.runKeys()).toHaveLength(4);
+      expectRunsOnce(gym);
+      expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
+      await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+    });
+  });
+
+  it('2. prepare not ready → failed/timeout, abort with the same ID, gate reopened, dispatch continues', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, notReady: 1 };
+    const cfg = runConfig('prepare-timeout');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: false });
+      const id = outcome.checkpointId;
+      // Nothing committed or published; Gym resumed (aborted) under the same ID.
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
+      const s = await status(handle);
+      expect(s.gates.gymCheckpoint).toBe(false);
+      expect(s.pendingAbort).toBeNull();
+      expect(s.consecutiveFailures).toBe(1);
+      expect(s.lastSnapshot).toBeNull();
       gym.finishAll();
-      // the second step's rollouts
-      while (gym.count('run:') < 4) await new Promise((r) => setTimeout(r, 50));
-      gym.finishAll();
-      const summary = await handle.result();
+      await until(() => gym.runKeys().length === 4, 'the second group dispatched');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+      expectRunsOnce(gym);
+    });
+  });
+
+  it('2b. prepare past its deadline (Gym deadline_exceeded) → failed/timeout (wrapped, keeps timeout); never prepared: nothing to abort, gate reopened', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, prepareDeadlineExceeded: 1 };
+    const cfg = runConfig('prepare-deadline');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: false });
+      expect(outcome.error).toContain('past the deadline');
+      const id = outcome.checkpointId;
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard']);
+      expect((await status(handle)).gates.gymCheckpoint).toBe(false);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+    });
+  });
+
+  it('3a. commit 5xx (gym_transient) retried by the activity retry with the same ID → completed', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, commitFailures: 2, commitFailure: 'transient' };
+    const cfg = runConfig('commit-transient');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'completed', reason: 'completed' });
+      const id = outcome.checkpointId;
+      expect(gym.calls.filter((c) => c.startsWith('commit:'))).toEqual([`commit:${id}`, `commit:${id}`, `commit:${id}`]);
+      expect(gym.count('discard')).toBe(0);
+      const summary = await finishRun(gym, handle);
       expect(summary.steps).toBe(2);
-      expect(summary.completedRollouts).toBe(4);
-      const runs = gym.calls.filter((c) => c.startsWith('run:'));
-      expect(new Set(runs).size).toBe(runs.length);
-      expect(gym.metrics.map((m) => m.outcome)).toEqual(['completed']);
+    });
+  });
+
+  it('3b. commit always failing → failed/io_error, abort with the same ID, the run continues', async () => {
+    const gym = new FakeGym();
+    // 4 = every attempt of the control activities' retry policy.
+    gym.script = { holdRuns: true, commitFailures: 4, commitFailure: 'transient' };
+    const cfg = runConfig('commit-failing');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error', abortPending: false });
+      const id = outcome.checkpointId;
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, ...Array<string>(4).fill(`commit:${id}`), 'discard', `resume:${id}`]);
+      expect((await status(handle)).gates.gymCheckpoint).toBe(false);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+    });
+  });
+
+  it('3c. commit refusal (export_failed, non-retryable) → io_error (wrapped Gym failure), not run-ending', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, commitFailures: 1, commitFailure: 'refusal' };
+    const cfg = runConfig('commit-refused');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error' });
+      expect(outcome.error).toContain('refused');
+      const id = outcome.checkpointId;
+      // Not retried by the activity (non-retryable), aborted with the same ID.
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+      expect(summary.checkpoints.map((c) => c.reason)).toEqual(['io_error']);
+    });
+  });
+
+  it('4. commit naming other participants than the topology → abort with the same ID, the run fails with invariant_error', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, commitWrongParticipants: true };
+    const cfg = runConfig('commit-invariant');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await checkpointMayFail(handle);
+      if (outcome) expect(outcome).toMatchObject({ outcome: 'failed', reason: 'invariant_error' });
+      const failure = await runFailure(handle);
+      expect(failure.type).toBe('invariant_error');
+      const prepare = gym.calls.find((c) => c.startsWith('prepare:'))!;
+      const id = prepare.slice('prepare:'.length);
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
+      expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['failed/invariant_error']);
+    });
+  });
+
+  it('5. abort failing, then succeeding with the same ID: admission stays closed; the next attempt resumes it first, then a new ID', async () => {
+    const gym = new FakeGym();
+    // Not ready → abort; the abort (resume) fails on every activity attempt.
+    gym.script = { holdRuns: true, notReady: 1, resumeFailures: 4 };
+    const cfg = runConfig('golden-abort-pending');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const first = await handle.executeUpdate(checkpointNow);
+      expect(first).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: true });
+      const id = first.checkpointId;
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', ...Array<string>(4).fill(`resume:${id}`)]);
+      let s = await status(handle);
+      expect(s).toMatchObject({ phase: 'abort_pending', pendingAbort: id, pendingRelease: null, gates: { gymCheckpoint: true } });
+      // The group finishes and is consumed, but nothing new is dispatched while the abort is pending.
+      gym.finishAll();
+      await until(async () => (await status(handle)).steps === 1, 'step 1');
+      await delay(300);
+      expect(gym.runKeys()).toHaveLength(2);
+      s = await status(handle);
+      expect(s.gates.gymCheckpoint).toBe(true);
+      expect(s.inFlight).toBe(0);
+
+      const callsBefore = gym.calls.length;
+      const second = await handle.executeUpdate(checkpointNow);
+      expect(second).toMatchObject({ outcome: 'completed', reason: 'completed' });
+      expect(second.checkpointId).not.toBe(id);
+      const next = gym.calls.slice(callsBefore).filter((c) => !c.startsWith('run:') && !c.startsWith('forget:') && c !== 'discover');
+      expect(next.slice(0, 3)).toEqual([`resume:${id}`, 'allocate:2', `prepare:${second.checkpointId}`]);
+      s = await status(handle);
+      expect(s).toMatchObject({ pendingAbort: null, gates: { gymCheckpoint: false }, consecutiveFailures: 0 });
+      await until(() => gym.runKeys().length === 4, 'dispatch reopened');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+      expectRunsOnce(gym);
+      await recordHistories(env, 'abort-pending', [
+        cfg.run.name,
+        checkpointWorkflowId(cfg.run.name, id),
+        checkpointWorkflowId(cfg.run.name, second.checkpointId),
+      ]);
+    });
+  });
+
+  it('6. resume failing after publish → failed/release_pending; dispatch stays closed; the next attempt releases the same ID → completed', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, resumeFailures: 4 };
+    const cfg = runConfig('release-pending');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const first = await handle.executeUpdate(checkpointNow);
+      expect(first).toMatchObject({ outcome: 'failed', reason: 'release_pending', releasePending: true, sequence: 1 });
+      expect(first.snapshotDir).toMatch(/snapshot_000001$/);
+      const id = first.checkpointId;
+      expect(gym.controlCalls()).toEqual([
+        'allocate:1',
+        `prepare:${id}`,
+        `commit:${id}`,
+        'ledger-cut',
+        'manifest',
+        'validate',
+        'publish:1',
+        'retention',
+        ...Array<string>(4).fill(`resume:${id}`),
+      ]);
+      let s = await status(handle);
+      // Published and durable, Gym still paused: distinct from a pre-publication failure.
+      expect(s).toMatchObject({ phase: 'release_pending', pendingRelease: id, pendingAbort: null, lastSnapshot: first.snapshotDir, gates: { gymCheckpoint: true } });
+      gym.finishAll();
+      await until(async () => (await status(handle)).steps === 1, 'step 1');
+      await delay(300);
+      expect(gym.runKeys()).toHaveLength(2);
+
+      const callsBefore = gym.calls.length;
+      const second = await handle.executeUpdate(checkpointNow);
+      expect(second).toMatchObject({ checkpointId: id, outcome: 'completed', reason: 'completed', snapshotDir: first.snapshotDir });
+      // Only the release: no new prepare, nothing new published.
+      expect(gym.calls.slice(callsBefore).filter((c) => !c.startsWith('run:') && !c.startsWith('forget:'))).toEqual([`resume:${id}`]);
+      s = await status(handle);
+      expect(s).toMatchObject({ pendingRelease: null, gates: { gymCheckpoint: false }, consecutiveFailures: 0 });
+      await until(() => gym.runKeys().length === 4, 'dispatch reopened');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, lastSnapshot: first.snapshotDir });
+      expect(summary.checkpoints.map((c) => `${c.outcome}/${c.reason}`)).toEqual(['failed/release_pending', 'completed/completed']);
+    });
+  });
+
+  it('7. max_consecutive_failures consecutive failed attempts end the run', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, notReady: 2 };
+    const cfg = runConfig('consecutive-failures', { rollout_checkpointing: { max_consecutive_failures: 2 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const first = await handle.executeUpdate(checkpointNow);
+      expect(first).toMatchObject({ outcome: 'failed', reason: 'timeout' });
+      expect(await isClosed(handle)).toBe(false);
+      expect((await status(handle)).consecutiveFailures).toBe(1);
+      await checkpointMayFail(handle);
+      const failure = await runFailure(handle);
+      expect(failure.type).toBe('max_consecutive_failures');
+      expect(gym.metrics.map((m) => m.reason)).toEqual(['timeout', 'timeout']);
+    });
+  });
+
+  it('10. no dispatch while the Gym checkpoint gate is closed: finished rollouts start nothing until the checkpoint resumes', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, holdPrepare: true };
+    const cfg = runConfig('gate-closed-dispatch');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const update = await handle.startUpdate(checkpointNow, { waitForStage: WorkflowUpdateStage.ACCEPTED });
+      await until(() => gym.count('prepare:') === 1, 'prepare');
+      expect((await status(handle)).gates.gymCheckpoint).toBe(true);
+      gym.finishAll();
+      // Both sealed (no step advances during a checkpoint, and nothing is dispatched).
+      await until(async () => {
+        const st = await status(handle);
+        return st.completedRollouts === 2 && st.inFlight === 0;
+      }, 'the group sealed');
+      await delay(300);
+      expect(gym.runKeys()).toHaveLength(2);
+      expect((await status(handle)).gates.gymCheckpoint).toBe(true);
+      gym.releasePrepare();
+      const outcome = await update.result();
+      expect(outcome).toMatchObject({ outcome: 'completed' });
+      await until(() => gym.runKeys().length === 4, 'dispatch after resume');
+      // The second group's runs went out only after the resume.
+      expect(gym.calls.indexOf(`resume:${outcome.checkpointId}`)).toBeLessThan(gym.calls.indexOf(`run:${gym.runKeys()[2]!}`));
+      await finishRun(gym, handle);
     });
   });
 });
 
-void WorkflowFailedError;
-void runStatus;
+// The test server's clock does not skip while any activity is open (it locks time from the
+// schedule of an activity to its completion), and a held `/run` or prepare is an open activity: so
+// these scenarios run in real time with a 2-second `rollout_timeout_s` instead of `env.sleep`.
+const BUDGET_S = 2;
+
+describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)`, () => {
+  it('8a. a checkpoint holding admission stops the clocks: a prepare held past the budget does not time the rollouts out', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, holdPrepare: true };
+    const cfg = runConfig('golden-deadline-held', { async_rl: { rollout_timeout_s: BUDGET_S }, grpo: { max_num_steps: 1 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      const update = await handle.startUpdate(checkpointNow, { waitForStage: WorkflowUpdateStage.ACCEPTED });
+      await until(() => gym.count('prepare:') === 1, 'prepare');
+      await delay(BUDGET_S * 1000 + 1000);
+      expect(gym.count('cancelled:')).toBe(0);
+      expect(gym.count('retire:')).toBe(0);
+      expect(gym.running.size).toBe(2);
+      gym.releasePrepare();
+      const outcome = await update.result();
+      expect(outcome).toMatchObject({ outcome: 'completed' });
+      // Reopened with the banked budget (most of it): the rollouts finish within it.
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
+      expect(gym.runKeys()).toHaveLength(2);
+      expect(gym.count('cancelled:')).toBe(0);
+      await recordHistories(env, 'deadline-held', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), ...rolloutIds(cfg, gym)]);
+    });
+  });
+
+  it('8b. without a checkpoint the deadline cancels /run, retires the attempt before reporting, and redispatches it as attempt 1', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('golden-deadline-expiry', { async_rl: { rollout_timeout_s: BUDGET_S }, grpo: { max_num_steps: 1 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      // One sibling finishes in time; the other is still running when its deadline fires.
+      const [done, late] = [...gym.running].sort() as [string, string];
+      gym.finishRun(done);
+      const retry = `${late}-a1`;
+      await until(() => gym.runKeys().includes(retry), 'the redispatch', BUDGET_S * 1000 + 10_000);
+      gym.finishRun(retry);
+      const order = gym.calls.filter((c) => c === `cancelled:${late}` || c === `retire:${late}` || c === `run:${retry}`);
+      expect(order).toEqual([`cancelled:${late}`, `retire:${late}`, `run:${retry}`]);
+      expect(gym.count(`cancelled:${done}`)).toBe(0);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 1 });
+      expectRunsOnce(gym);
+      const lateId = rolloutWorkflowId(cfg.run.name, parseCaptureKey(late)!);
+      const report = await env.client.workflow.getHandle(lateId).result();
+      expect(report).toMatchObject({ status: 'timed_out', captureKey: late });
+      await recordHistories(env, 'deadline-expiry', [cfg.run.name, lateId, rolloutWorkflowId(cfg.run.name, parseCaptureKey(retry)!)]);
+    });
+  });
+
+  it('8c. after the checkpoint the clocks restart with the banked budget (not reset, not left stopped)', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, holdPrepare: true };
+    const cfg = runConfig('deadline-banked', { async_rl: { rollout_timeout_s: BUDGET_S }, grpo: { max_num_steps: 1 } });
+    const holdMs = BUDGET_S * 1000 + 500;
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      const dispatchedAt = Date.now();
+      // Let part of the budget run before the checkpoint holds it.
+      await delay(700);
+      const update = await handle.startUpdate(checkpointNow, { waitForStage: WorkflowUpdateStage.ACCEPTED });
+      await until(() => gym.count('prepare:') === 1, 'prepare');
+      await delay(holdMs);
+      gym.releasePrepare();
+      await update.result();
+      const releasedAt = Date.now();
+      await until(() => gym.count('cancelled:') === 2, 'both rollouts timed out', BUDGET_S * 1000 + 10_000);
+      const expiredAt = Date.now();
+      // Expired after the hold (clocks stopped), and sooner after the release than a full budget
+      // would allow (banked remainder; the 700 ms spent before the hold are not given back).
+      expect(expiredAt - dispatchedAt).toBeGreaterThanOrEqual(BUDGET_S * 1000 + holdMs);
+      expect(expiredAt - releasedAt).toBeLessThan(BUDGET_S * 1000 - 300);
+      await until(() => gym.runKeys().length === 4, 'both redispatched');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 2 });
+    });
+  });
+});
+
+/** temporal.api.enums.v1.ParentClosePolicy.PARENT_CLOSE_POLICY_ABANDON (@temporalio/proto is not a direct dependency). */
+const ABANDON = 2;
+
+describe('continue-as-new', () => {
+  it('12. a long run continues as new; every rollout completes exactly once, and rollouts started before a CAN report to the new run', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('continue-as-new', { controller: { max_history_events: 200 }, grpo: { max_num_steps: 8 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      // Let each group's rollouts sit a moment (past the run's CAN decision), then finish them.
+      await until(async () => {
+        if (gym.running.size > 0) {
+          await delay(100);
+          gym.finishAll();
+        }
+        return isClosed(handle);
+      }, 'the run to close', 40_000);
+      const summary = await handle.result();
+      expect(summary.continuedAsNew).toBeGreaterThanOrEqual(1);
+      expect(summary).toMatchObject({ steps: 8, completedRollouts: 16, failedRollouts: 0 });
+      expect(gym.runKeys()).toHaveLength(16);
+      expectRunsOnce(gym);
+      // Rollouts started by the first run whose reports reached a later run.
+      const first = env.client.workflow.getHandle(cfg.run.name, handle.firstExecutionRunId);
+      const history = await first.fetchHistory();
+      const started = new Set<string>();
+      const reported = new Set<string>();
+      for (const e of history.events ?? []) {
+        const child = e.startChildWorkflowExecutionInitiatedEventAttributes?.workflowId;
+        if (child?.includes('/rollout/')) started.add(child);
+        if (e.workflowExecutionSignaledEventAttributes?.signalName === 'rolloutFinished') reported.add(e.workflowExecutionSignaledEventAttributes.externalWorkflowExecution?.workflowId ?? '');
+      }
+      const crossed = [...started].filter((id) => !reported.has(id));
+      expect(crossed.length).toBeGreaterThan(0);
+      // The test server does not apply parent close policies on continue-as-new, so check the
+      // policy itself: a TERMINATE (the default) would kill these rollouts on the real server.
+      for (const e of history.events ?? []) {
+        const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
+        if (a?.workflowId?.includes('/rollout/')) expect(a.parentClosePolicy).toBe(ABANDON);
+      }
+    });
+  });
+});

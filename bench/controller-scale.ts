@@ -1,0 +1,121 @@
+// controller-scale: N rollouts in flight through the Temporal controller on the dev server (WAL,
+// raised pending limits), each parked at its second model call by a per-rollout backend hold;
+// then one checkpoint through the controller, then release and let the run finish.
+//   npx tsx bench/controller-scale.ts [--rollouts 2000] [--rollouts 4000]
+// Prints the checkpoint attempt's stage seconds and the dispatch rate the dev server sustained.
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { Client, Connection } from '@temporalio/client';
+import { RunConfigSchema } from '../protocol/run-config.js';
+import { startRun } from '../scripts/run.js';
+import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
+import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
+import { closeActivityPools } from '../activities/index.js';
+import { createControllerWorkers } from '../worker.js';
+import { checkpointNow, runStatus } from '../workflows/messages.js';
+import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+
+const TOKEN = 'bench-controller-scale';
+const GYM = `checkpoint:
+  enabled: true
+  lease_grace_seconds: 600
+servers:
+  policy_backend: { kind: inference, options: { seed: 1 } }
+  policy_model: { kind: model, options: { backend: policy_backend } }
+  simple_agent: { kind: agent, options: { model: policy_model, max_steps: 8 } }
+  weather: { kind: resources, type: weather }
+  weather_env: { kind: environment, options: { agent: simple_agent, resources: weather } }
+`;
+
+async function post(url: string, body: unknown): Promise<void> {
+  const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+}
+
+async function runOnce(rollouts: number): Promise<Row> {
+  const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${rollouts}-`));
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  await writeFile(join(dir, 'gym.yaml'), GYM);
+  await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' } });
+  const endpoints = readEndpoints(join(dir, 'gym'));
+  const backend = endpoints.policy_backend!.url;
+  await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 1 });
+  const workers = await createControllerWorkers({ address: server.address, controlToken: TOKEN, taskQueue: 'scale', rolloutTaskQueue: 'scale-run' });
+  const running = workers.run();
+  const connection = await Connection.connect({ address: server.address });
+  const client = new Client({ connection });
+  const generations = 4;
+  const groups = rollouts / generations;
+  const cfg = RunConfigSchema.parse({
+    run: { name: `scale-${rollouts}`, gym_run_dir: join(dir, 'gym'), checkpoint_dir: join(dir, 'checkpoints'), task_queue: 'scale', rollout_task_queue: 'scale-run' },
+    grpo: { num_prompts_per_step: groups, num_generations_per_prompt: generations, max_num_steps: 1, tasksets: ['weather'], environments: { weather: 'weather_env' } },
+    async_rl: { max_in_flight_groups: groups },
+    rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: 300 } },
+    controller: { max_history_events: 40_000 },
+    trainer: { enabled: false },
+    checkpointing: { enabled: false },
+  });
+  const t0 = Date.now();
+  const handle = await startRun(client, cfg);
+  // Wait until every rollout is parked at its held second call.
+  let dispatchedAt = 0;
+  for (;;) {
+    const [s, count] = await Promise.all([handle.query(runStatus), fetch(`${backend}/_ctl/call_count`).then((r) => r.json() as Promise<{ count: number }>)]);
+    if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
+    if (s.inFlight >= rollouts && count.count >= rollouts * 2) break;
+    if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
+    if (Date.now() - t0 > 900_000) throw new Error(`only ${s.inFlight} in flight, ${count.count} calls after 15 min`);
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+  const parkedAt = Date.now();
+  const outcome = await handle.executeUpdate(checkpointNow);
+  await post(`${backend}/_ctl/release`, {});
+  const summary = await handle.result();
+  const finishedAt = Date.now();
+  const info = await handle.describe();
+  const row: Row = {
+    rollouts,
+    outcome: `${outcome.outcome}/${outcome.reason}`,
+    exported: outcome.scope?.length ?? 0,
+    dispatch_s: round3((dispatchedAt - t0) / 1000),
+    dispatch_per_s: round3(rollouts / ((dispatchedAt - t0) / 1000)),
+    parked_s: round3((parkedAt - t0) / 1000),
+    prepare_s: round3(outcome.seconds.prepare ?? 0),
+    commit_s: round3(outcome.seconds.commit ?? 0),
+    ledger_cut_s: round3(outcome.seconds.ledger_cut ?? 0),
+    publish_s: round3(outcome.seconds.publish ?? 0),
+    resume_s: round3(outcome.seconds.resume ?? 0),
+    checkpoint_s: round3(outcome.seconds.total ?? 0),
+    admission_closed_s: round3(outcome.seconds.admission_closed_seconds ?? 0),
+    finish_s: round3((finishedAt - parkedAt) / 1000),
+    completed: summary.completedRollouts,
+    history_events: Number(info.historyLength),
+    continued_as_new: summary.continuedAsNew,
+  };
+  await connection.close();
+  await workers.shutdown();
+  await running;
+  await closeActivityPools();
+  await downDeployment(join(dir, 'gym'));
+  await server.stop();
+  await rm(dir, { recursive: true, force: true });
+  return row;
+}
+
+const { values } = parseArgs({ options: { rollouts: { type: 'string', multiple: true, default: ['2000'] } } });
+const rows: Row[] = [];
+for (const n of values.rollouts!.map(Number)) {
+  console.log(`controller-scale: ${n} rollouts in flight …`);
+  rows.push(await runOnce(n));
+  printTable(rows);
+}
+const last = rows[rows.length - 1]!;
+const file = writeBenchResult(
+  'controller-scale',
+  { in_flight: Number(last.rollouts), checkpoint_s: Number(last.checkpoint_s), dispatch_per_s: Number(last.dispatch_per_s) },
+  rows,
+);
+console.log(`wrote ${file}`);
+process.exit(0);
