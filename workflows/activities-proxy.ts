@@ -24,6 +24,8 @@ export function storageActivities(taskQueue?: string): Activities {
   return proxyActivities<ActivityFunctions>({
     taskQueue,
     startToCloseTimeout: '10 minutes',
+    // Long ones heartbeat; this bounds how long an activity on a dead worker goes unnoticed.
+    heartbeatTimeout: '20 seconds',
     retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
   });
 }

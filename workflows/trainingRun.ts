@@ -295,28 +295,36 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     return Object.values(st.topology?.servers ?? {}).find((s) => s.kind === 'inference')?.url;
   }
 
-  /** One GRPO step; after a trainer crash, the batches since its newest anchor are re-sent first. */
-  async function trainStep(step: number, batch: TrainBatch, cursor: number): Promise<void> {
+  function sendBatch(step: number, version: number, batch: TrainBatch, cursor: number) {
     const url = backendUrl();
     if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
-    const send = (s: number, v: number, b: TrainBatch, c: number) =>
-      trainer.trainStep.executeWithOptions({ summary: `GRPO step ${s} (policy v${v} → v${v + 1})` }, [
-        { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, backendUrl: url, expectedVersion: v, step: s, batch: b, cursor: c },
-      ]);
+    return trainer.trainStep.executeWithOptions({ summary: `GRPO step ${step} (policy v${version} → v${version + 1})` }, [
+      { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, backendUrl: url, expectedVersion: version, step, batch, cursor },
+    ]);
+  }
+
+  /**
+   * Runs a trainer call; when the trainer lost its in-memory state (a worker restart), it comes back
+   * from its newest anchor and says so (`trainer_behind`): redo the steps after that anchor from the
+   * batches this run kept, then try again.
+   */
+  async function withTrainerCatchUp<T>(fn: () => Promise<T>): Promise<T> {
     for (let tries = 0; ; tries++) {
       try {
-        const r = await send(step, st.trainerVersion, batch, cursor);
-        st.trainerVersion = r.version;
-        return;
+        return await fn();
       } catch (err) {
         const f = err instanceof ActivityFailure ? err.cause : undefined;
-        if (!(f instanceof ApplicationFailure) || f.type !== 'trainer_behind' || tries > 0) throw err;
-        // The trainer restarted from its newest anchor: redo the steps after it from the kept batches.
+        if (!(f instanceof ApplicationFailure) || f.type !== 'trainer_behind' || tries > 1) throw err;
         const have = (f.details?.[0] as { step?: number } | undefined)?.step ?? 0;
-        log.warn('trainer lost its state; replaying batches after its anchor', { anchorStep: have });
-        for (const t of st.trainedBatches.filter((b) => b.step > have)) await send(t.step, t.expectedVersion, t.batch, t.cursor);
+        log.warn('trainer lost its state; replaying the batches after its anchor', { anchorStep: have });
+        for (const t of st.trainedBatches.filter((b) => b.step > have)) await sendBatch(t.step, t.expectedVersion, t.batch, t.cursor);
       }
     }
+  }
+
+  async function trainStep(step: number, batch: TrainBatch, cursor: number): Promise<void> {
+    const r = await withTrainerCatchUp(() => sendBatch(step, st.trainerVersion, batch, cursor));
+    st.trainerVersion = r.version;
   }
 
   async function trainReadyGroups(): Promise<void> {
@@ -365,9 +373,11 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   /** Trainer anchor durable → fallback marker → a Gym-aware snapshot at that anchor (controller.md §2.6). */
   async function saveTrainerAnchor(step: number): Promise<void> {
-    await trainer.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step}` }, [
-      { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, step, cursor: st.ledger.cursor },
-    ]);
+    await withTrainerCatchUp(() =>
+      trainer.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step}` }, [
+        { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, step, cursor: st.ledger.cursor },
+      ]),
+    );
     await trainer.writeGymRestartFallback({
       checkpointDir: cfg.run.checkpoint_dir,
       step,

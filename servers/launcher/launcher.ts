@@ -145,6 +145,10 @@ export async function downDeployment(runDir: string, opts: { graceMs?: number } 
 export async function killDeployment(runDir: string, opts: { includeInference?: boolean } = {}): Promise<string[]> {
   const state = readRunState(resolve(runDir));
   const victims = Object.entries(state.servers).filter(([name, s]) => (opts.includeInference || !isInference(s)) && groupAlive(s.pid, name));
+  // Environment servers first (every signal is sent before any await): an environment that
+  // outlived its agent by a few milliseconds would report the episode as a failure of a peer
+  // that died in the same crash, instead of simply vanishing with it.
+  victims.sort(([, a], [, b]) => Number(b.kind === 'environment') - Number(a.kind === 'environment'));
   await Promise.all(victims.map(([name, s]) => killGroup(s.pid, name)));
   return victims.map(([name]) => name);
 }
@@ -165,7 +169,7 @@ export async function restartDeployment(runDir: string, opts: LaunchOptions = {}
   await stopNames(state, names, 5_000);
   for (const name of names) {
     const s = state.servers[name]!;
-    if (!(await isPortFree(s.port))) throw new Error(`${name}: 127.0.0.1:${s.port} is held by another process`);
+    if (!(await portFreedWithin(s.port, PORT_RELEASE_MS))) throw new Error(`${name}: 127.0.0.1:${s.port} is held by another process`);
   }
   try {
     await launch(dir, state, names, env, opts);
@@ -174,6 +178,20 @@ export async function restartDeployment(runDir: string, opts: LaunchOptions = {}
     throw err;
   }
   return { runDir: dir, endpoints: endpointsOf(state), state };
+}
+
+// e2e fix: right after a SIGKILL a server's port can stay unbindable for a moment: its orphaned
+// connections linger in FIN-WAIT until their peers (e.g. a controller's idle keep-alive control
+// connections) close their ends. A restart waits that out instead of failing at once.
+const PORT_RELEASE_MS = 10_000;
+
+async function portFreedWithin(port: number, ms: number): Promise<boolean> {
+  const until = Date.now() + ms;
+  for (;;) {
+    if (await isPortFree(port)) return true;
+    if (Date.now() >= until) return false;
+    await new Promise((r) => setTimeout(r, 50));
+  }
 }
 
 export async function statusDeployment(runDir: string): Promise<ServerStatus[]> {

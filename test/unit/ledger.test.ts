@@ -216,3 +216,45 @@ describe('ledger: consume', () => {
     expect(copy.schema_version).toBe(L.LEDGER_SCHEMA_VERSION);
   });
 });
+
+describe('recovery transitions', () => {
+  const reserveOne = () => {
+    const l = L.emptyLedger('run');
+    const g = L.reserveGroup(l, {
+      group_id: 'g1', prompt_id: 'p', task_source: 'counter', environment: 'counter_env',
+      recovery_granularity: 'sibling', restore_level: 'turn', target_step: 0, tasks: [{}, {}],
+    });
+    L.markDispatched(g, g.siblings[0]!, 'counter_env');
+    L.markDispatched(g, g.siblings[1]!, 'counter_env');
+    return { l, g };
+  };
+
+  it('a restored attempt continues as N+1 on the same server and its lineage keeps attempt N', () => {
+    const { l, g } = reserveOne();
+    const s = g.siblings[0]!;
+    const next = L.continueFromRestore(s, 'counter_env');
+    expect(next).toMatchObject({ gym_attempt: 1, status: 'reserved', continued: true, gym_instance_id: 'counter_env' });
+    expect(L.lineageKeys(s)).toEqual(['g1.g0', 'g1.g0-a1']);
+    // it must go back to the server that owns its saved turn
+    expect(() => L.markDispatched(g, s, 'other_env')).toThrow(/must go back/);
+    L.markDispatched(g, s, 'counter_env');
+    expect(L.sealAttempt(l, { rollout_id: s.rollout_id, attempt: 1 }, 1, false)).toBe('sealed');
+    // the dead attempt's late result is refused
+    expect(L.sealAttempt(l, { rollout_id: s.rollout_id, attempt: 0 }, 1, false)).toBe('superseded');
+  });
+
+  it('a restart from input skips attempt numbers a failed restore already retired, and starts a new lineage', () => {
+    const { g } = reserveOne();
+    const s = g.siblings[1]!;
+    const next = L.restartFromInput(s, 'gym_crash', 1);
+    expect(next).toMatchObject({ gym_attempt: 2, continued: false, status: 'reserved' });
+    expect(s.attempts[0]!.status).toBe('abandoned');
+    expect(L.lineageKeys(s)).toEqual(['g1.g1-a2']);
+  });
+
+  it('unsealed siblings are everything not sealed, in reservation order', () => {
+    const { l, g } = reserveOne();
+    L.sealAttempt(l, { rollout_id: g.siblings[0]!.rollout_id, attempt: 0 }, 0.5, false);
+    expect(L.unsealedSiblings(l).map((u) => u.sibling.rollout_id)).toEqual(['g1.g1']);
+  });
+});
