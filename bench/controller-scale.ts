@@ -62,7 +62,13 @@ async function runOnce(rollouts: number): Promise<Row> {
   // Wait until every rollout is parked at its held second call.
   let dispatchedAt = 0;
   for (;;) {
-    const [s, count] = await Promise.all([handle.query(runStatus), fetch(`${backend}/_ctl/call_count`).then((r) => r.json() as Promise<{ count: number }>)]);
+    // The run may be too busy starting children to answer a query at once: try again.
+    const s = await handle.query(runStatus).catch(() => undefined);
+    const count = (await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number };
+    if (!s) {
+      await new Promise((r) => setTimeout(r, 1000));
+      continue;
+    }
     if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
     if (s.inFlight >= rollouts && count.count >= rollouts * 2) break;
     if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);

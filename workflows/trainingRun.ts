@@ -120,6 +120,8 @@ const WEIGHT_SYNC_HOLDER = 'weight-sync';
 const RECOVERY_HOLDER = 'gym-recovery';
 const MAX_KEPT_OUTCOMES = 50;
 const FORGET_BATCH = 64;
+const LOAD_BATCH_GROUPS = 64;
+const MAX_STARTS_PER_TASK = 250;
 
 export function initialState(config: RunConfig): RunState {
   return {
@@ -398,13 +400,15 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     const unfinished = L.unfinishedGroupCount(st.ledger);
     const want = Math.min(cfg.async_rl.max_in_flight_groups - unfinished, totalGroups - st.ledger.cursor);
     if (want > 0) {
+      // Bounded batches: an activity result stays far below Temporal's payload limits.
       const loaded = await storage.loadPromptGroups({
         seed: cfg.run.seed,
         cursor: st.ledger.cursor,
-        groups: want,
+        groups: Math.min(want, LOAD_BATCH_GROUPS),
         groupSize: cfg.grpo.num_generations_per_prompt,
         tasksets: cfg.grpo.tasksets,
       });
+      if (loaded.groups.length < want) wake();
       for (const g of loaded.groups) {
         const environment = cfg.grpo.environments[g.taskset] ?? `${g.taskset}_env`;
         L.reserveGroup(st.ledger, {
@@ -421,8 +425,14 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       }
     }
     if (!admissionOpen()) return;
-    const todo = L.reservedAttempts(st.ledger);
+    // A bounded number of child starts per workflow task keeps each task's commands small; the
+    // main loop comes straight back for the rest.
+    const reserved = L.reservedAttempts(st.ledger);
+    const todo = reserved.slice(0, MAX_STARTS_PER_TASK);
+    if (reserved.length > todo.length) wake();
     const topology = st.topology;
+    // Children need only the participants (to retire their attempt), not every endpoint.
+    const childTopology: GymTopology = { members: topology.members, servers: {}, fingerprint: topology.fingerprint, instances: {} };
     await Promise.all(
       todo.map(async ({ group, sibling, attempt }) => {
         const episode = L.episodeOfAttempt(sibling, attempt);
@@ -449,7 +459,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 environmentUrl: env.url,
                 ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
                 task: group.tasks[sibling.generation_index],
-                topology,
+                topology: childTopology,
                 controlTaskQueue: cfg.run.task_queue,
                 runTaskQueue: cfg.run.rollout_task_queue,
                 retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
