@@ -14,6 +14,17 @@ export interface CallRecord {
   situation: string;
   action: string;
   version: number;
+  /** The policy model server's `ng_capture` admission, when the call came through a participant. */
+  admission?: Record<string, unknown>;
+  model_call_id?: string;
+  /** Tokens decoded for this call so far (a continuation does not decode its reused prefix). */
+  decoded_tokens: number;
+  /** A continued generation cut: the model call whose staged prefix this call reused… */
+  continued_from?: string;
+  /** …and how many of its tokens. */
+  reused_prefix_tokens?: number;
+  /** Why a continuation was refused (the call was then decoded from scratch). */
+  continuation_rejected?: string;
   /** Set once the whole reply was written. */
   returned?: boolean;
   /** Set when the client went away (or the server closed) before the reply was written. */

@@ -10,7 +10,7 @@ import { PolicyWeightsSchema, type PolicyWeights } from './policy.js';
 export const InferenceOptionsSchema = z.strictObject({
   /** Mixed into every sampling seed (`<seed>:<rollout>:<call>:<version>`); absent → the documented seed. */
   seed: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER).optional(),
-  /** Delay before each generated token (both plain and streamed replies). */
+  /** Delay before each generated token (both plain and streamed replies); makes generations long enough to cut. */
   token_delay_ms: z.number().min(0).max(60_000).default(0),
   /** Start from these weights (JSON `{version, logits}`) instead of the initial ones. */
   policy_file: z.string().min(1).optional(),
@@ -42,6 +42,8 @@ const inference: ServerModule<InferenceOptions> = {
       salt: options.seed,
       tokenDelayMs: options.token_delay_ms,
       weights,
+      // The cut service answers the policy model server with the deployment's control token.
+      ...(ctx.checkpoint?.enabled && ctx.checkpoint.control_auth_token ? { controlToken: ctx.checkpoint.control_auth_token } : {}),
     });
     return app;
   },

@@ -1,6 +1,6 @@
-// The seam where the checkpoint participant (participants.md §5.2: admission gate, tickets,
-// held responses, the capture ledger written at response start) plugs into the proxy. Until it
-// exists every call passes straight through the open gate.
+// The seam between the proxy (proxy.ts: bytes to and from the backend) and the checkpoint
+// participant (participant.ts: admission gate, tickets, held responses, the capture ledger written
+// at response start; participants.md §5.2). Without a participant every call passes the open gate.
 import type { CaptureKey, EpisodeId } from '../../protocol/ids.js';
 
 /** One generation call as the gate sees it. */
@@ -15,18 +15,61 @@ export interface GenerationCall {
   signal: AbortSignal;
 }
 
-export interface GenerationGate {
-  /** Admission, before any byte goes to the backend: may wait (admission closed) or throw a refusal. */
-  beforeForward(call: GenerationCall): void | Promise<void>;
-  /** Response start (the first chunk carrying data, §5.2 step 4): may hold while admission is closed. */
-  onFirstChunk(call: GenerationCall): void | Promise<void>;
-  /** The call is over: delivered, failed or abandoned. Called exactly once per admitted call. */
-  onEnd(call: GenerationCall): void;
+/** What is known when the response starts (its first data chunk). */
+export interface ResponseStart {
+  status: number;
+  stream: boolean;
+  /** A plain reply: the whole parsed JSON body (undefined when it is not JSON). */
+  body?: unknown;
+  /** A streamed reply: the complete events of the first data chunk, parsed. */
+  events?: unknown[];
 }
 
-/** No checkpoint participant: admit everything, hold nothing. */
+/** The token ids and logprobs of a finished reply (for the token store). */
+export interface ReplyTokens {
+  responseId: string | null;
+  weightVersion: number | null;
+  promptTokenIds: number[] | null;
+  completionTokenIds: number[] | null;
+  completionLogprobs: number[] | null;
+  finishReason: string | null;
+  /** False when a stream ended before its `[DONE]`/finish reason. */
+  complete: boolean;
+}
+
+/** An admitted call (a ticket): the proxy reports its response's progress here. */
+export interface AdmittedCall {
+  /** The body to send to the backend (the participant may add `ng_capture`). */
+  readonly backendBody: Record<string, unknown>;
+  /** Aborted when the participant cancels the call (retire); its reason is the refusal. */
+  readonly signal: AbortSignal;
+  /**
+   * Response start (§5.2 step 4): holds while admission is closed, then marks the response
+   * started and writes the ledger row. A throw poisons the call: nothing may be sent.
+   */
+  deliver(start: ResponseStart): Promise<void>;
+  /** The reply was relayed completely (plain: at start; stream: at its end). */
+  complete(tokens: ReplyTokens): Promise<void>;
+  /** The call is over: delivered, failed or abandoned. Called exactly once. */
+  end(): void;
+}
+
+export interface GenerationGate {
+  /** Admission, before any byte goes to the backend: may wait (admission closed) or throw a refusal. */
+  admit(call: GenerationCall): Promise<AdmittedCall>;
+}
+
+const NEVER = new AbortController().signal;
+
+/** No checkpoint participant: admit everything, hold nothing, record nothing. */
 export const OPEN_GATE: GenerationGate = {
-  beforeForward() {},
-  onFirstChunk() {},
-  onEnd() {},
+  async admit(call) {
+    return {
+      backendBody: call.body,
+      signal: NEVER,
+      async deliver() {},
+      async complete() {},
+      end() {},
+    };
+  },
 };

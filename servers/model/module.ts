@@ -1,10 +1,18 @@
 // The policy model server (kind `model`, type `policy_model`): an OpenAI-compatible front of one
-// inference backend. With `checkpoint_policy` it will become the model participant (admission
-// gate, held responses, capture ledger; participants.md §5); today the gate is always open.
+// inference backend. With `checkpoint_policy` (and the global `checkpoint.enabled`) it is the
+// checkpoint participant of kind `model` (participant.ts): admission gate, held responses, capture
+// ledger and token store, generation cuts. Otherwise every call passes the open gate.
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
+import { CONTROL_PREFIX } from '../../protocol/control.js';
 import { createGymApp } from '../common/app.js';
-import { peerUrl, type ServerContext, type ServerModule } from '../common/server-context.js';
+import { mountParticipant, peerUrl, type ServerContext, type ServerModule } from '../common/server-context.js';
+import { registerCaptureRoutes } from './capture-routes.js';
+import { closeCutPool } from './cut-client.js';
 import { OPEN_GATE } from './gate.js';
+import { ModelParticipant } from './participant.js';
 import { backendRootOf, registerModelProxy } from './proxy.js';
 
 export const PolicyModelOptionsSchema = z
@@ -17,6 +25,12 @@ export const PolicyModelOptionsSchema = z
     checkpoint_policy: z.boolean().default(false),
     /** Cut generations still running at prepare (§5.6); needs checkpoint_policy. */
     checkpoint_generation_cuts: z.boolean().default(false),
+    /**
+     * Where the capture ledger and the token store live (servers/model/token-store.ts). Default:
+     * `<run dir>/capture/<server name>` when started by the launcher, else a directory under the
+     * system temp dir named after the server.
+     */
+    capture_dir: z.string().min(1).optional(),
   })
   .superRefine((o, ctx) => {
     if ((o.backend === undefined) === (o.backend_url === undefined)) {
@@ -28,16 +42,64 @@ export const PolicyModelOptionsSchema = z
   });
 export type PolicyModelOptions = z.infer<typeof PolicyModelOptionsSchema>;
 
+/**
+ * The capture directory: the option, else beside the launcher's `endpoints.json` (the run dir,
+ * read from this process's `--endpoints` argument), else under the temp dir.
+ */
+export function captureDirOf(ctx: ServerContext, options: PolicyModelOptions, argv: readonly string[] = process.argv): string {
+  if (options.capture_dir) return resolve(options.capture_dir);
+  const i = argv.indexOf('--endpoints');
+  const endpoints = i >= 0 ? argv[i + 1] : undefined;
+  if (endpoints) return join(dirname(resolve(endpoints)), 'capture', ctx.name);
+  return join(tmpdir(), 'gym-capture', ctx.name);
+}
+
+export interface PolicyModelServer {
+  app: FastifyInstance;
+  /** Undefined unless checkpoint_policy and checkpoint.enabled. */
+  participant: ModelParticipant | undefined;
+}
+
+export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelOptions): Promise<PolicyModelServer> {
+  const backend = options.backend !== undefined ? peerUrl(ctx, options.backend, 'backend', 'inference') : options.backend_url!;
+  const backendRoot = backendRootOf(backend);
+  const app = createGymApp({ name: ctx.name, kind: 'model', logLevel: ctx.logLevel });
+  if (!options.checkpoint_policy || !ctx.checkpoint.enabled) {
+    registerModelProxy(app, { backendRoot, gate: OPEN_GATE });
+    return { app, participant: undefined };
+  }
+  const participant = await ModelParticipant.create({
+    serverName: ctx.name,
+    captureDir: captureDirOf(ctx, options),
+    generationCuts: options.checkpoint_generation_cuts,
+    backendRoot,
+    controlToken: ctx.checkpoint.control_auth_token ?? undefined,
+    log: (msg, err) => app.log.warn({ err }, msg),
+  });
+  // The cut round gets half the remaining prepare time; the hooks do not see the request, so the
+  // prepare body's deadline is noted on its way in (added before the control routes exist).
+  app.addHook('preHandler', async (req) => {
+    if (req.method !== 'POST' || req.routeOptions.url !== `${CONTROL_PREFIX}/prepare` || typeof req.body !== 'string') return;
+    try {
+      const b = JSON.parse(req.body) as { checkpoint_id?: unknown; deadline_ts?: unknown };
+      const deadline = typeof b.deadline_ts === 'string' ? Number(b.deadline_ts) : b.deadline_ts;
+      if (typeof b.checkpoint_id === 'string' && typeof deadline === 'number' && Number.isFinite(deadline)) participant.notePrepare(b.checkpoint_id, deadline);
+    } catch {
+      /* the control route answers the malformed body */
+    }
+  });
+  registerModelProxy(app, { backendRoot, gate: participant });
+  const plane = await mountParticipant(app, ctx, participant.hooks);
+  if (plane) participant.attach(plane);
+  registerCaptureRoutes(app, { participant, token: ctx.checkpoint.control_auth_token ?? '', isRetired: (e) => plane?.isRetired(e) ?? false });
+  app.addHook('onClose', async () => closeCutPool());
+  return { app, participant };
+}
+
 const policyModel: ServerModule<PolicyModelOptions> = {
   optionsSchema: PolicyModelOptionsSchema,
   async build(ctx: ServerContext, options: PolicyModelOptions) {
-    const backend = options.backend !== undefined ? peerUrl(ctx, options.backend, 'backend', 'inference') : options.backend_url!;
-    const app = createGymApp({ name: ctx.name, kind: 'model', logLevel: ctx.logLevel });
-    // Seam: with checkpoint_policy (and checkpoint.enabled) the model participant will supply the
-    // gate and mount the control plane here; until then the option is accepted and mounts nothing.
-    const gate = OPEN_GATE;
-    registerModelProxy(app, { backendRoot: backendRootOf(backend), gate });
-    return app;
+    return (await buildPolicyModel(ctx, options)).app;
   },
 };
 

@@ -1,17 +1,22 @@
 // The policy model server's data plane: OpenAI-compatible routes relayed to the inference backend
-// under the caller's own `/ng-rollout/<key>` prefix (so the backend knows the episode), bytes
-// passed through as they arrive (a streamed reply is never buffered), every generation call
-// going through the gate (gate.ts) where the checkpoint participant will hook in.
+// under the caller's own `/ng-rollout/<key>` prefix (so the backend knows the episode). Every
+// generation call goes through the gate (gate.ts), where the checkpoint participant admits it,
+// holds its response while a checkpoint is open and records it at response start.
+//
+// A streamed reply is relayed chunk by chunk (never buffered); its response starts at the first
+// chunk carrying data (response-start.ts). A plain JSON reply is one unit: it is read whole, then
+// started, then sent — so a reply the backend finishes while a checkpoint is open is held here.
 import type { IncomingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { request } from 'undici';
 import { z } from 'zod';
-import { refuse } from '../../protocol/errors.js';
+import { isProtocolError, refuse } from '../../protocol/errors.js';
 import { rolloutPath } from '../../protocol/ids.js';
 import { rolloutOf } from '../common/app.js';
 import { dataAgent, joinPath } from '../common/http-client.js';
-import type { GenerationCall, GenerationGate } from './gate.js';
+import type { AdmittedCall, GenerationCall, GenerationGate } from './gate.js';
+import { SseCollector, tokensOfCompletion } from './reply-tokens.js';
 import { ResponseStartDetector } from './response-start.js';
 
 export interface ModelProxyOptions {
@@ -56,95 +61,174 @@ export function registerModelProxy(app: FastifyInstance, opts: ModelProxyOptions
     app.post(route, (req, reply) => generate(req, reply, route, opts));
   }
   app.get('/v1/models', async (req, reply) => {
-    const abort = abortOnCallerGone(reply);
-    const upstream = await forward(req, reply, opts.backendRoot, { method: 'GET', signal: abort.signal });
-    if (!upstream) return reply;
+    const gone = abortOnCallerGone(reply);
+    let upstream: Upstream;
+    try {
+      upstream = await forward(req, opts.backendRoot, { method: 'GET', signal: gone.signal });
+    } catch (err) {
+      return backendFailed(req, reply, err, gone.signal);
+    }
+    applyHead(reply, upstream);
     return reply.send(upstream.body);
   });
 }
+
+/** The gate refused to let the reply out (write failed, or the call was cancelled). */
+class Undeliverable extends Error {}
 
 async function generate(req: FastifyRequest, reply: FastifyReply, route: string, opts: ModelProxyOptions): Promise<FastifyReply> {
   const parsed = ChatRequestSchema.safeParse(req.body);
   if (!parsed.success) throw refuse('invalid_request', `${route}: the body must be a JSON object with a messages array`);
   const rollout = rolloutOf(req);
-  const abort = abortOnCallerGone(reply);
-  const call: GenerationCall = { key: rollout?.key, episode: rollout?.episode, route, body: parsed.data, signal: abort.signal };
+  const gone = abortOnCallerGone(reply);
+  const call: GenerationCall = { key: rollout?.key, episode: rollout?.episode, route, body: parsed.data, signal: gone.signal };
 
-  await opts.gate.beforeForward(call);
+  let admitted: AdmittedCall;
+  try {
+    admitted = await opts.gate.admit(call);
+  } catch (err) {
+    if (gone.signal.aborted) return backendFailed(req, reply, err, gone.signal);
+    throw err; // refusals (stale_attempt) become the reply through the app's error handler
+  }
   let ended = false;
   const end = (): void => {
     if (ended) return;
     ended = true;
-    opts.gate.onEnd(call);
+    admitted.end();
   };
-  if (reply.raw.destroyed) {
+  if (reply.raw.destroyed || gone.signal.aborted) {
     // The caller left while admission held the call: nothing to send.
     end();
     return reply.hijack();
   }
   reply.raw.once('close', end);
+  const signal = AbortSignal.any([gone.signal, admitted.signal]);
 
-  const upstream = await forward(req, reply, opts.backendRoot, {
-    method: 'POST',
-    body: JSON.stringify(parsed.data),
-    signal: abort.signal,
-  });
-  if (!upstream) return reply;
-  const detector = new ResponseStartDetector(isEventStream(upstream.headers));
-  return reply.send(Readable.from(relay(upstream.body, detector, () => opts.gate.onFirstChunk(call)), { objectMode: false }));
+  let upstream: Upstream;
+  try {
+    upstream = await forward(req, opts.backendRoot, { method: 'POST', body: JSON.stringify(admitted.backendBody), signal });
+  } catch (err) {
+    return backendFailed(req, reply, admitted.signal.aborted ? admitted.signal.reason : err, gone.signal);
+  }
+  if (isEventStream(upstream.headers)) {
+    applyHead(reply, upstream);
+    return reply.send(Readable.from(relayStream(upstream, admitted), { objectMode: false }));
+  }
+  try {
+    const chunks: Buffer[] = [];
+    for await (const c of upstream.body) chunks.push(Buffer.from(c));
+    const buf = Buffer.concat(chunks);
+    const body = parseJson(buf);
+    await deliverOrFail(admitted, { status: upstream.status, stream: false, ...(body !== undefined ? { body } : {}) });
+    if (upstream.status >= 200 && upstream.status < 300) await completeOrFail(admitted, tokensOfCompletion(body));
+    applyHead(reply, upstream);
+    return reply.send(buf);
+  } catch (err) {
+    return undelivered(req, reply, err, gone.signal, admitted);
+  }
 }
 
-/** Passes each chunk on as it arrives; the response starts at the first chunk carrying data. */
-async function* relay(
-  body: AsyncIterable<Uint8Array>,
-  detector: ResponseStartDetector,
-  onStart: () => void | Promise<void>,
-): AsyncGenerator<Uint8Array> {
-  for await (const chunk of body) {
-    if (!detector.hasStarted && detector.push(chunk)) await onStart();
-    yield chunk;
+async function deliverOrFail(admitted: AdmittedCall, start: Parameters<AdmittedCall['deliver']>[0]): Promise<void> {
+  try {
+    await admitted.deliver(start);
+  } catch (err) {
+    throw err instanceof Undeliverable ? err : Object.assign(new Undeliverable('not delivered'), { cause: err });
+  }
+}
+
+async function completeOrFail(admitted: AdmittedCall, tokens: Parameters<AdmittedCall['complete']>[0]): Promise<void> {
+  try {
+    await admitted.complete(tokens);
+  } catch (err) {
+    throw Object.assign(new Undeliverable('tokens not staged'), { cause: err });
+  }
+}
+
+/** Relays a stream chunk by chunk; the first chunk carrying data waits for the gate. */
+async function* relayStream(upstream: Upstream, admitted: AdmittedCall): AsyncGenerator<Uint8Array> {
+  const detector = new ResponseStartDetector(true);
+  const collector = new SseCollector();
+  const ok = upstream.status >= 200 && upstream.status < 300;
+  let finished = false;
+  try {
+    for await (const chunk of upstream.body) {
+      const events = collector.push(chunk);
+      if (!detector.hasStarted && detector.push(chunk)) {
+        // A throw here (poisoned or cancelled) destroys the reply: the caller gets no data.
+        await admitted.deliver({ status: upstream.status, stream: true, events });
+      }
+      yield chunk;
+    }
+    if (!detector.hasStarted) await admitted.deliver({ status: upstream.status, stream: true, events: [] });
+    finished = true;
+    if (ok) await admitted.complete(collector.result());
+  } finally {
+    // A started stream cut short (caller gone, backend failed) still stages what it relayed.
+    if (!finished && ok && detector.hasStarted) void admitted.complete({ ...collector.result(), complete: false }).catch(() => undefined);
+  }
+}
+
+/**
+ * The reply could not be delivered. A cancelled call (retire) answers its refusal when nothing was
+ * sent yet; a poisoned one (ledger write failed) and a gone caller get no answer at all.
+ */
+function undelivered(req: FastifyRequest, reply: FastifyReply, err: unknown, gone: AbortSignal, admitted: AdmittedCall): FastifyReply {
+  const cause = err instanceof Undeliverable ? (err as Error & { cause?: unknown }).cause : err;
+  const refusal = admitted.signal.aborted ? admitted.signal.reason : undefined;
+  if (!gone.aborted && isProtocolError(refusal) && !reply.raw.headersSent) {
+    return reply.code(refusal.status).send(refusal.toEnvelope());
+  }
+  if (!gone.aborted) req.log.warn({ err: cause }, 'model reply withheld: no answer is sent');
+  if (!reply.sent) reply.hijack();
+  reply.raw.destroy();
+  return reply;
+}
+
+function parseJson(buf: Buffer): unknown {
+  if (buf.length === 0) return undefined;
+  try {
+    return JSON.parse(buf.toString('utf8'));
+  } catch {
+    return undefined;
   }
 }
 
 interface Upstream {
+  status: number;
   headers: IncomingHttpHeaders;
   body: AsyncIterable<Uint8Array> & NodeJS.ReadableStream;
 }
 
-/**
- * Sends the call to the backend under the same prefix and copies status and headers onto the
- * reply. Returns undefined when the reply was already answered (backend unreachable).
- */
-async function forward(
-  req: FastifyRequest,
-  reply: FastifyReply,
-  backendRoot: string,
-  init: { method: 'GET' | 'POST'; body?: string; signal: AbortSignal },
-): Promise<Upstream | undefined> {
+/** Sends the call to the backend under the same prefix. */
+async function forward(req: FastifyRequest, backendRoot: string, init: { method: 'GET' | 'POST'; body?: string; signal: AbortSignal }): Promise<Upstream> {
   const rollout = rolloutOf(req);
   const path = rollout ? rolloutPath(rollout.key, req.url) : req.url;
   const url = joinPath(backendRoot, path);
   const headers: Record<string, string> = {};
   if (init.body !== undefined) headers['content-type'] = 'application/json';
   if (typeof req.headers.accept === 'string') headers.accept = req.headers.accept;
-  let res: Awaited<ReturnType<typeof request>>;
-  try {
-    res = await request(url, { method: init.method, headers, body: init.body, signal: init.signal, dispatcher: dataAgent() });
-  } catch (err) {
-    if (init.signal.aborted) {
-      reply.hijack(); // the caller is gone: nobody to answer
-      return undefined;
-    }
-    req.log.warn({ err, url }, 'inference backend unreachable');
-    // 502: the backend, not this server, failed; callers treat it as transient.
-    reply.code(502).send({ error: { code: 'backend_unavailable', detail: `${url}: ${(err as Error).message}` } });
-    return undefined;
-  }
-  reply.code(res.statusCode);
-  for (const [name, value] of Object.entries(res.headers)) {
+  const res = await request(url, { method: init.method, headers, body: init.body, signal: init.signal, dispatcher: dataAgent() });
+  return { status: res.statusCode, headers: res.headers, body: res.body };
+}
+
+/** Status and end-to-end headers of the backend's reply, copied onto ours. */
+function applyHead(reply: FastifyReply, upstream: Upstream): void {
+  reply.code(upstream.status);
+  for (const [name, value] of Object.entries(upstream.headers)) {
     if (value !== undefined && !HOP_BY_HOP.has(name.toLowerCase())) reply.header(name, value);
   }
-  return { headers: res.headers, body: res.body };
+}
+
+/** No reply from the backend: 502 (callers treat it as transient), the refusal of a cancelled call, or nothing for a gone caller. */
+function backendFailed(req: FastifyRequest, reply: FastifyReply, err: unknown, gone: AbortSignal): FastifyReply {
+  if (gone.aborted) {
+    reply.hijack(); // the caller is gone: nobody to answer
+    reply.raw.destroy();
+    return reply;
+  }
+  if (isProtocolError(err)) return reply.code(err.status).send(err.toEnvelope());
+  req.log.warn({ err }, 'inference backend unreachable');
+  return reply.code(502).send({ error: { code: 'backend_unavailable', detail: `${req.url}: ${(err as Error).message}` } });
 }
 
 function isEventStream(headers: IncomingHttpHeaders): boolean {

@@ -223,9 +223,16 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     resetStream();
     const events: string[] = [];
     const gate: GenerationGate = {
-      beforeForward: (c: GenerationCall) => void events.push(`admit ${c.key} ${c.episode?.rollout_id}/${c.episode?.attempt} ${c.route}`),
-      onFirstChunk: () => void events.push('start'),
-      onEnd: () => void events.push('end'),
+      async admit(c: GenerationCall) {
+        events.push(`admit ${c.key} ${c.episode?.rollout_id}/${c.episode?.attempt} ${c.route}`);
+        return {
+          backendBody: { ...c.body, ng_capture: { model_call_id: 'mc_1' } },
+          signal: new AbortController().signal,
+          deliver: async (s) => void events.push(`start ${s.status} ${s.stream}`),
+          complete: async () => void events.push('complete'),
+          end: () => void events.push('end'),
+        };
+      },
     };
     const app = createGymApp({ name: 'm', kind: 'model', logLevel: 'silent' });
     registerModelProxy(app, { backendRoot: backendUrl, gate });
@@ -240,13 +247,15 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     const it = res.body[Symbol.asyncIterator]();
     await it.next();
     expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions']);
+    // The backend got the gate's body.
+    expect(JSON.parse(seen[0]!.body).ng_capture).toEqual({ model_call_id: 'mc_1' });
     pushStream('data: {"n":1}\n\n');
     await it.next();
-    expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start']);
+    expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start 200 true']);
     pushStream(null);
     while (!(await it.next()).done);
     await new Promise((r) => setTimeout(r, 20));
-    expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start', 'end']);
+    expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start 200 true', 'complete', 'end']);
   });
 
   it('a refusal from the gate is the reply and nothing reaches the backend', async () => {
@@ -255,11 +264,9 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     registerModelProxy(app, {
       backendRoot: backendUrl,
       gate: {
-        beforeForward: () => {
+        admit: async () => {
           throw refuse('stale_attempt', 'retired');
         },
-        onFirstChunk() {},
-        onEnd() {},
       },
     });
     apps.push(app);
@@ -267,6 +274,28 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     expect(r.statusCode).toBe(409);
     expect(r.json().error.code).toBe('stale_attempt');
     expect(seen).toHaveLength(0);
+  });
+
+  it('a delivery the gate refuses (poisoned) sends no answer', async () => {
+    const app = createGymApp({ name: 'm', kind: 'model', logLevel: 'silent' });
+    registerModelProxy(app, {
+      backendRoot: backendUrl,
+      gate: {
+        admit: async (c) => ({
+          backendBody: c.body,
+          signal: new AbortController().signal,
+          deliver: async () => {
+            throw new Error('ledger write failed');
+          },
+          complete: async () => {},
+          end: () => {},
+        }),
+      },
+    });
+    apps.push(app);
+    await app.listen({ host: '127.0.0.1', port: 0 });
+    const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}/ng-rollout/r1/v1/chat/completions`;
+    await expect(post(url, chat)).rejects.toThrow();
   });
 });
 
