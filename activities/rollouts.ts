@@ -3,10 +3,11 @@
 // header/body timeouts; heartbeats carry cancellation to the call, which aborts the request.
 import { ApplicationFailure } from '@temporalio/common';
 import { Agent, request } from 'undici';
-import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput } from '../protocol/controller.js';
+import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef } from '../protocol/controller.js';
 import { errorCodeOf } from '../protocol/errors.js';
 import { captureKey } from '../protocol/ids.js';
-import { RunReplySchema, type RunFailure, type RunResult } from '../protocol/tasks.js';
+import { RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
+import { groupIdOf, siblingTask, taskAt } from './dataset.js';
 import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
 import { joinUrl } from './control-client.js';
 
@@ -117,7 +118,8 @@ export function createRolloutActivities() {
       const start = Date.now();
       if (!input?.episode || typeof input.environmentUrl !== 'string') throw invariantFailure('runEpisode needs an episode and an environmentUrl');
       const key = captureKey(input.episode);
-      const body = JSON.stringify({ episode_id: { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt }, task: input.task });
+      const task = input.task ?? (input.taskRef ? taskFromRef(input.taskRef) : undefined);
+      const body = JSON.stringify({ episode_id: { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt }, task });
       const url = joinUrl(input.environmentUrl, '/run');
       const reply = await heartbeating({ captureKey: key }, async (signal) => {
         try {
@@ -159,3 +161,9 @@ export function createRolloutActivities() {
 }
 
 export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
+
+/** Builds a sibling's task from its dataset reference (deterministic: the same task every time). */
+export function taskFromRef(ref: TaskRef): Task {
+  const group = { group_id: groupIdOf(ref.seed, ref.prompt_index), prompt_index: ref.prompt_index, size: ref.group_size, task: taskAt(ref.seed, ref.prompt_index, ref.tasksets as Taskset[]) };
+  return siblingTask(group, ref.sibling, ref.group_attempt ?? 0);
+}

@@ -53,13 +53,28 @@ export interface GymRestoreOutcome {
   seconds: number;
 }
 
+/**
+ * Where a sibling's task comes from in the deterministic dataset: workflow state and child inputs
+ * carry this small reference instead of the task (thousands of tasks would exceed payload limits).
+ */
+export interface TaskRef {
+  seed: number;
+  prompt_index: number;
+  group_size: number;
+  sibling: number;
+  tasksets: string[];
+  group_attempt?: number;
+}
+
 /** One physical attempt's `/run` input. */
 export interface RunEpisodeInput {
   run: string;
   environment: string;
   environmentUrl: string;
   episode: EpisodeId;
-  task: unknown;
+  /** The task itself, or `taskRef` to build it from the dataset. */
+  task?: unknown;
+  taskRef?: TaskRef;
   /** The environment process the attempt belongs to; a fresh process refuses with `instance_mismatch`. */
   expectedInstance?: string;
 }

@@ -2,6 +2,7 @@
 // rollout IDs, physical attempts, sealed results, and the dataloader cursor. Pure data and pure
 // transitions: the training-run workflow holds one in its state and carries it across
 // continue-as-new; snapshots persist it as `ledger.json`.
+import type { TaskRef } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 
 export const LEDGER_SCHEMA_VERSION = 1;
@@ -41,8 +42,10 @@ export interface PromptGroup {
   target_step: number;
   status: GroupStatus;
   siblings: Sibling[];
-  /** The sibling tasks to send (kept by reference in the reference; small here). */
+  /** The sibling tasks to send, when not built from `task_ref` (small runs and tests). */
   tasks: unknown[];
+  /** Where the group's tasks come from in the dataset (the sibling index is added per attempt). */
+  task_ref?: Omit<TaskRef, 'sibling'>;
 }
 
 export interface Ledger {
@@ -94,6 +97,9 @@ export interface ReserveInput {
   restore_level: TargetLevel;
   target_step: number;
   tasks: unknown[];
+  /** Group size when the tasks are referenced rather than listed. */
+  size?: number;
+  task_ref?: Omit<TaskRef, 'sibling'>;
 }
 
 /** Reserve: a new group with every sibling at a `reserved` first attempt. */
@@ -101,9 +107,9 @@ export function reserveGroup(l: Ledger, g: ReserveInput): PromptGroup {
   if (l.groups[g.group_id]) throw new LedgerError(`group ${g.group_id} is already in the ledger`);
   const group: PromptGroup = {
     ...g,
-    expected_generations: g.tasks.length,
+    expected_generations: g.size ?? g.tasks.length,
     status: 'generating',
-    siblings: g.tasks.map((_, i) => ({
+    siblings: Array.from({ length: g.size ?? g.tasks.length }, (_, i) => ({
       generation_index: i,
       rollout_id: rolloutIdOf(g.group_id, i),
       attempts: [{ gym_attempt: 0, status: 'reserved', gym_instance_id: null, reward: null, mask_sample: null, continued: false }],

@@ -13,7 +13,7 @@ import {
   sleep,
   upsertMemo,
 } from '@temporalio/workflow';
-import type { GymTopology, RolloutReport } from '../protocol/controller.js';
+import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/ids.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
 import { deadlineExpired, rolloutFinished } from './messages.js';
@@ -29,7 +29,8 @@ export interface RolloutAttemptInput {
   environmentUrl: string;
   /** The environment process that owns this attempt (a fresh process refuses it). */
   expectedInstance?: string;
-  task: unknown;
+  task?: unknown;
+  taskRef?: TaskRef;
   topology: GymTopology;
   controlTaskQueue: string;
   runTaskQueue: string;
@@ -54,7 +55,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
         environment: input.environment,
         environmentUrl: input.environmentUrl,
         episode: input.episode,
-        task: input.task,
+        ...(input.taskRef ? { taskRef: input.taskRef } : { task: input.task }),
         ...(input.expectedInstance ? { expectedInstance: input.expectedInstance } : {}),
       },
     ]),

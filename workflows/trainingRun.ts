@@ -419,7 +419,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           recovery_granularity: g.taskset === 'genrm' ? 'prompt_group' : 'sibling',
           restore_level: 'turn',
           target_step: Math.floor(st.ledger.cursor / cfg.grpo.num_prompts_per_step),
-          tasks: g.tasks,
+          tasks: [],
+          size: g.size,
+          task_ref: { seed: cfg.run.seed, prompt_index: g.prompt_index, group_size: g.size, tasksets: [...cfg.grpo.tasksets] },
         });
         st.ledger.cursor += 1;
       }
@@ -458,7 +460,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 environment: group.environment,
                 environmentUrl: env.url,
                 ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
-                task: group.tasks[sibling.generation_index],
+                ...(group.task_ref
+                  ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index } }
+                  : { task: group.tasks[sibling.generation_index] }),
                 topology: childTopology,
                 controlTaskQueue: cfg.run.task_queue,
                 runTaskQueue: cfg.run.rollout_task_queue,
