@@ -81,6 +81,19 @@ async function rolloutWorkflows(run: string): Promise<Map<string, string[]>> {
   return out;
 }
 
+/** The reasons of rollout attempts that did not complete (for a failure message). */
+async function failedRollouts(run: string): Promise<unknown[]> {
+  const out: unknown[] = [];
+  for await (const wf of client.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
+    if (!wf.workflowId.startsWith(`${run}/rollout/`)) continue;
+    const memo = (wf.memo ?? {}) as { status?: string };
+    if (memo.status === 'completed') continue;
+    const r = await client.workflow.getHandle(wf.workflowId).result().catch((e: unknown) => String(e));
+    out.push({ id: wf.workflowId, status: wf.status.name, result: r });
+  }
+  return out;
+}
+
 describe('controller on the dev server with a real Gym', () => {
   it('a training run with periodic checkpoints finishes every rollout exactly once', async () => {
     const worker = startWorkerProcess('e2e-periodic');
@@ -148,6 +161,7 @@ describe('controller on the dev server with a real Gym', () => {
     const dirs = summary.checkpoints.filter((c) => c.snapshotDir).map((c) => c.snapshotDir);
     expect(new Set(dirs).size).toBe(dirs.length);
     // dispatch reopened after it: the run finished every rollout
+    if (summary.failedRollouts > 0) console.log('[e2e-kill] failed rollouts:', JSON.stringify(await failedRollouts(cfg.run.name)));
     const expected = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt;
     expect(summary.completedRollouts).toBe(expected);
     const status = await handle.query(runStatus).catch(() => undefined);
