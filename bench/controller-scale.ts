@@ -1,5 +1,5 @@
 // controller-scale: N rollouts in flight through the Temporal controller on the dev server (WAL,
-// raised pending limits), each parked at its second model call by a per-rollout backend hold;
+// raised pending limits), each parked at its first model call by a per-rollout backend hold;
 // then one checkpoint through the controller, then release and let the run finish.
 //   npx tsx bench/controller-scale.ts [--rollouts 2000] [--rollouts 4000]
 // Prints the checkpoint attempt's stage seconds and the dispatch rate the dev server sustained.
@@ -41,7 +41,8 @@ async function runOnce(rollouts: number): Promise<Row> {
   await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' } });
   const endpoints = readEndpoints(join(dir, 'gym'));
   const backend = endpoints.policy_backend!.url;
-  await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 1 });
+  // Every rollout parks at its first model call (the agent waits at the boundary before it).
+  await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 0 });
   const workers = await createControllerWorkers({ address: server.address, controlToken: TOKEN, taskQueue: 'scale', rolloutTaskQueue: 'scale-run' });
   const running = workers.run();
   const connection = await Connection.connect({ address: server.address });
@@ -70,7 +71,7 @@ async function runOnce(rollouts: number): Promise<Row> {
       continue;
     }
     if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
-    if (s.inFlight >= rollouts && count.count >= rollouts * 2) break;
+    if (s.inFlight >= rollouts && count.count >= rollouts) break;
     if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
     if (Date.now() - t0 > 900_000) throw new Error(`only ${s.inFlight} in flight, ${count.count} calls after 15 min`);
     await new Promise((r) => setTimeout(r, 1000));
