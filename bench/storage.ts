@@ -111,24 +111,36 @@ function smallRecord(i: number): object {
 interface Measured {
   commit_s: number;
   restore_s: number;
+  /** CPU seconds of the whole process (all threads) during each phase: less sensitive to a busy machine. */
+  commit_cpu_s: number;
+  restore_cpu_s: number;
   bytes: number;
+}
+
+function cpuSeconds(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1e6;
 }
 
 async function measure(records: object[], kind: 'resources' | 'environment'): Promise<Measured> {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'bench-storage-'));
   try {
+    const c0 = cpuSeconds();
     const t0 = performance.now();
     const manifest = await writeRecords({ checkpointDir: dir, kind, instance: 'bench', checkpointId: 'bench-1', records });
     const t1 = performance.now();
+    const c1 = cpuSeconds();
     const scope = new Set(records.map((r) => captureKey((r as { episode_id: { rollout_id: string; attempt: number } }).episode_id)));
+    const c2 = cpuSeconds();
     const t2 = performance.now();
     const read = await readRecords({ checkpointDir: dir, kind, instance: 'bench', scope });
     const t3 = performance.now();
+    const c3 = cpuSeconds();
     if (manifest.record_count !== records.length || read.records.length !== records.length) {
       throw new Error(`count mismatch: wrote ${manifest.record_count}, read ${read.records.length}, expected ${records.length}`);
     }
     const { size } = statSync(path.join(dir, 'gym', kind, 'bench', manifest.records_file));
-    return { commit_s: (t1 - t0) / 1000, restore_s: (t3 - t2) / 1000, bytes: size };
+    return { commit_s: (t1 - t0) / 1000, restore_s: (t3 - t2) / 1000, commit_cpu_s: c1 - c0, restore_cpu_s: c3 - c2, bytes: size };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -155,6 +167,8 @@ async function runCase(name: string, records: object[], kind: 'resources' | 'env
     'restore s': round3(restore),
     'commit MB/s': Math.round(runs[0]!.bytes / 1e6 / commit),
     'restore MB/s': Math.round(runs[0]!.bytes / 1e6 / restore),
+    'commit cpu s': round3(median(runs.map((m) => m.commit_cpu_s))),
+    'restore cpu s': round3(median(runs.map((m) => m.restore_cpu_s))),
     runs: REPEAT,
     commit_s: commit,
     restore_s: restore,
@@ -175,6 +189,8 @@ async function main(): Promise<void> {
 
   const table = rows.map(({ commit_s: _c, restore_s: _r, ...row }) => row);
   printTable(table);
+  const [load1, load5] = os.loadavg();
+  console.log(`\nload average at the end: ${load1!.toFixed(2)} (1 min), ${load5!.toFixed(2)} (5 min) on ${os.availableParallelism()} cores`);
   const big = SESSIONS > 0 ? rows[0] : undefined;
   const little = SMALL > 0 ? rows[rows.length - 1] : undefined;
   const file = writeBenchResult(

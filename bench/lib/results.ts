@@ -15,6 +15,8 @@ export interface Machine {
   node: string;
   /** `git rev-parse HEAD`, or null outside a repository / before the first commit. */
   commit: string | null;
+  /** 1-minute load average when the result was written: a busy machine makes every figure worse. */
+  load_avg_1m: number;
 }
 
 export interface BenchResult {
@@ -41,6 +43,7 @@ export function machine(): Machine {
     memory_gb: Math.round((os.totalmem() / 2 ** 30) * 10) / 10,
     node: process.version,
     commit,
+    load_avg_1m: Math.round(os.loadavg()[0]! * 100) / 100,
   };
 }
 
