@@ -1,0 +1,400 @@
+// controller-overhead: the same rollouts run by a plain driver and through the Temporal
+// controller, side by side in one process and on one Gym deployment.
+//
+//   npm run bench -- controller-overhead [--rollouts 1000] [--groups-in-flight 64] [--generations 4]
+//                                        [--tasksets weather,counter] [--repeat 1] [--token-delay-ms 0]
+//
+// Plain: a script POSTs `/run` straight to the environment servers, at most --groups-in-flight
+// prompt groups (of --generations siblings) unfinished at once, the next group starting when one
+// finishes: the controller's own dispatch rule (`async_rl.max_in_flight_groups`).
+// Controller: the Temporal dev server (SQLite file), the controller's workers in this process,
+// one training run of 1 step covering every rollout, trainer and checkpointing off, no periodic
+// snapshots. Both run the very same rollouts (IDs, tasks and environments as the controller's
+// dataloader and ledger make them), so the model makes the same calls: between the phases every
+// rollout is forgotten in Gym and the backend's call log is cleared.
+// With --repeat 2 the phases run plain, controller, controller, plain (drift on a shared
+// machine cancels out). Reported: wall time per phase, rollouts/s, the ratio controller / plain
+// (medians), and where the CPU went (Temporal server, this process = driver or workers, Gym).
+// And where a rollout's time goes under the controller, from the histories of a sample of its
+// rollout workflows (child start, first task, task queue, the `/run` itself, the report) and of
+// the run (its workflow tasks: every dispatch and every report goes through them, one at a time).
+// --token-delay-ms makes the backend wait per generated token: longer rollouts, the same work.
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { DefaultLogger, Runtime } from '@temporalio/worker';
+import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
+import { closeActivityPools } from '../activities/index.js';
+import { discover, forget } from '../activities/coordination.js';
+import { closeControlPool } from '../activities/control-client.js';
+import { loadPromptGroups } from '../activities/loader.js';
+import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
+import type { Task } from '../protocol/tasks.js';
+import { startRun } from '../scripts/run.js';
+import { freePort, startDevServer, type DevServer } from '../scripts/temporal-dev.mjs';
+import type { Endpoints } from '../servers/common/deployment.js';
+import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
+import { rolloutIdOf } from '../workflows/ledger.js';
+import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
+import { createControllerWorkers } from '../worker.js';
+import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, newRunPool, postJson, type Reply } from './scale.js';
+
+export interface PlannedGroup {
+  groupId: string;
+  environment: string;
+  siblings: Array<{ rollout_id: string; task: Task }>;
+}
+
+/** The rollouts of a run's first `groups` prompt groups, exactly as the controller names and routes them. */
+export async function plannedGroups(cfg: RunConfig, groups: number): Promise<PlannedGroup[]> {
+  const loaded = await loadPromptGroups({
+    seed: cfg.run.seed,
+    cursor: 0,
+    groups,
+    groupSize: cfg.grpo.num_generations_per_prompt,
+    tasksets: cfg.grpo.tasksets,
+  });
+  return loaded.groups.map((g) => {
+    const groupId = `${cfg.run.name}.${g.group_id}`;
+    return {
+      groupId,
+      environment: cfg.grpo.environments[g.taskset] ?? `${g.taskset}_env`,
+      siblings: g.tasks.map((task, k) => ({ rollout_id: rolloutIdOf(groupId, k), task })),
+    };
+  });
+}
+
+/**
+ * The plain driver: every group's siblings POSTed at once, at most `inFlight` groups unfinished;
+ * returns the `/run` replies (or errors) in group order.
+ */
+async function plainDriver(endpoints: Endpoints, groups: PlannedGroup[], inFlight: number): Promise<Array<Reply | Error>> {
+  const pool = newRunPool();
+  const out: Array<Reply | Error> = [];
+  let next = 0;
+  const lane = async (): Promise<void> => {
+    while (next < groups.length) {
+      const g = groups[next++]!;
+      const url = `${endpoints[g.environment]!.url}/run`;
+      const replies = await Promise.all(
+        g.siblings.map((s) =>
+          postJson(url, { episode_id: { rollout_id: s.rollout_id, attempt: 0 }, task: s.task }, pool).catch((err: unknown) => err as Error),
+        ),
+      );
+      out.push(...replies);
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: Math.min(inFlight, groups.length) }, lane));
+  } finally {
+    await pool.close();
+  }
+  return out;
+}
+
+/** Stage means (seconds) of a rollout's life in the controller, from Temporal histories. */
+interface Lifecycle {
+  /** Workflow tasks of the run, and their mean wait (scheduled → started) and run time (started → completed). */
+  run_wf_tasks: number;
+  run_wft_queued_s: number;
+  run_wft_busy_s: number;
+  sampled: number;
+  /** The run asked to start the child → the child's execution started. */
+  start_child_s: number;
+  /** Child started → its `/run` activity scheduled (the child's first workflow task). */
+  first_task_s: number;
+  /** Activity scheduled → picked up by the rollout worker (task queue latency). */
+  queue_s: number;
+  /** The `/run` itself (activity started → completed). */
+  run_s: number;
+  /** Activity completed → child completed (report signal to the run, last workflow task). */
+  report_s: number;
+  /** Start asked → child completed. */
+  total_s: number;
+}
+
+const tsMs = (t: { seconds?: unknown; nanos?: number | null } | null | undefined): number => Number(t?.seconds ?? 0) * 1000 + (t?.nanos ?? 0) / 1e6;
+
+/** Up to `sample` rollout children of the run, evenly spread, timed from their histories. */
+async function lifecycle(client: Client, runName: string, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
+  // The run may have continued as new: walk the chain back from its latest execution.
+  const histories: Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>> = [];
+  for (let runId: string | undefined; ; ) {
+    const h: Awaited<ReturnType<WorkflowHandle['fetchHistory']>> = await client.workflow.getHandle(runName, runId).fetchHistory();
+    histories.push(h);
+    const prev: string | null | undefined = h.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
+    if (!prev) break;
+    runId = prev;
+  }
+  const initiated = new Map<string, number>();
+  // The run's own workflow tasks: every dispatch and every report goes through one of them, in turn.
+  const wft = { count: 0, queued: 0, busy: 0 };
+  for (const parent of histories) {
+    const wftAt = new Map<string, number>();
+    for (const e of parent.events ?? []) {
+      const t = tsMs(e.eventTime);
+      const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
+      if (a?.workflowId) initiated.set(a.workflowId, t);
+      if (e.workflowTaskScheduledEventAttributes) wftAt.set(String(e.eventId), t);
+      const st = e.workflowTaskStartedEventAttributes;
+      if (st) {
+        wft.queued += t - (wftAt.get(String(st.scheduledEventId)) ?? t);
+        wftAt.set(`started:${String(e.eventId)}`, t);
+      }
+      const done = e.workflowTaskCompletedEventAttributes;
+      if (done) {
+        wft.count += 1;
+        wft.busy += t - (wftAt.get(`started:${String(done.startedEventId)}`) ?? t);
+      }
+    }
+  }
+  const step = Math.max(1, Math.floor(rolloutIds.length / sample));
+  const acc = { start_child_s: 0, first_task_s: 0, queue_s: 0, run_s: 0, report_s: 0, total_s: 0 };
+  let n = 0;
+  for (let i = 0; i < rolloutIds.length && n < sample; i += step) {
+    const id = rolloutWorkflowId(runName, { rollout_id: rolloutIds[i]!, attempt: 0 });
+    const h = await client.workflow.getHandle(id).fetchHistory();
+    const at: Record<string, number> = {};
+    for (const e of h.events ?? []) {
+      const t = tsMs(e.eventTime);
+      if (e.workflowExecutionStartedEventAttributes) at.started = t;
+      else if (e.activityTaskScheduledEventAttributes && at.scheduled === undefined) at.scheduled = t;
+      else if (e.activityTaskStartedEventAttributes && at.activityStarted === undefined) at.activityStarted = t;
+      else if (e.activityTaskCompletedEventAttributes && at.activityDone === undefined) at.activityDone = t;
+      else if (e.workflowExecutionCompletedEventAttributes) at.done = t;
+    }
+    const asked = initiated.get(id);
+    if (asked === undefined || Object.keys(at).length < 5) continue;
+    acc.start_child_s += at.started! - asked;
+    acc.first_task_s += at.scheduled! - at.started!;
+    acc.queue_s += at.activityStarted! - at.scheduled!;
+    acc.run_s += at.activityDone! - at.activityStarted!;
+    acc.report_s += at.done! - at.activityDone!;
+    acc.total_s += at.done! - asked;
+    n += 1;
+  }
+  const f = (x: number): number => round3(n ? x / n / 1000 : 0);
+  return {
+    run_wf_tasks: wft.count,
+    run_wft_queued_s: round3(wft.count ? wft.queued / wft.count / 1000 : 0),
+    run_wft_busy_s: round3(wft.count ? wft.busy / wft.count / 1000 : 0),
+    sampled: n,
+    start_child_s: f(acc.start_child_s),
+    first_task_s: f(acc.first_task_s),
+    queue_s: f(acc.queue_s),
+    run_s: f(acc.run_s),
+    report_s: f(acc.report_s),
+    total_s: f(acc.total_s),
+  };
+}
+
+interface CpuMark {
+  temporal: number;
+  self: number;
+  gym: number;
+}
+
+async function cpuMark(server: DevServer, runDir: string): Promise<CpuMark> {
+  const temporal = server.pid ? ((await groupCpuSeconds([server.pid])).get(server.pid) ?? 0) : 0;
+  const u = process.cpuUsage();
+  const gym = Object.values(await gymCpuSeconds(runDir)).reduce((a, b) => a + b, 0);
+  return { temporal, self: (u.user + u.system) / 1e6, gym };
+}
+
+const cpuDelta = (a: CpuMark, b: CpuMark): CpuMark => ({ temporal: b.temporal - a.temporal, self: b.self - a.self, gym: b.gym - a.gym });
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      rollouts: { type: 'string', default: '1000' },
+      'groups-in-flight': { type: 'string', default: '64' },
+      generations: { type: 'string', default: '4' },
+      tasksets: { type: 'string', default: 'weather,counter' },
+      repeat: { type: 'string', default: '1' },
+      seed: { type: 'string', default: '1' },
+      'token-delay-ms': { type: 'string', default: '0' },
+    },
+  });
+  const generations = Number(values.generations);
+  const groups = Math.max(1, Math.round(Number(values.rollouts) / generations));
+  const rollouts = groups * generations;
+  const inFlight = Number(values['groups-in-flight']);
+  const repeat = Math.max(1, Number(values.repeat));
+  const tasksets = values.tasksets!.split(',').map((s) => s.trim()) as RunConfig['grpo']['tasksets'];
+
+  const dir = await mkdtemp(join(tmpdir(), 'bench-coverhead-'));
+  const runDir = join(dir, 'gym');
+  const env = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' };
+  console.log(
+    `controller-overhead: ${rollouts} rollouts (${groups} groups × ${generations}), ${inFlight} groups in flight, ` +
+      `${values['token-delay-ms']} ms per generated token`,
+  );
+  // Worker state changes and the like are not part of the report.
+  Runtime.install({ logger: new DefaultLogger('WARN') });
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  const tokenDelayMs = Number(values['token-delay-ms']);
+  await writeFile(join(dir, 'gym.yaml'), gymYaml({ tokenDelayMs }));
+  const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
+  const endpoints = up.endpoints;
+  const backend = new Backend(endpoints.policy_backend!.url);
+  const workers = await createControllerWorkers({ address: server.address, controlToken: TOKEN, taskQueue: 'overhead', rolloutTaskQueue: 'overhead-run' });
+  const running = workers.run();
+  const connection = await Connection.connect({ address: server.address });
+  const client = new Client({ connection });
+
+  const cfg = RunConfigSchema.parse({
+    run: { name: 'overhead', gym_run_dir: runDir, checkpoint_dir: join(dir, 'checkpoints'), seed: Number(values.seed), task_queue: 'overhead', rollout_task_queue: 'overhead-run' },
+    grpo: { num_prompts_per_step: groups, num_generations_per_prompt: generations, max_num_steps: 1, tasksets, environments: { weather: 'weather_env', counter: 'counter_env' } },
+    async_rl: { max_in_flight_groups: inFlight },
+    rollout_checkpointing: { snapshot_attempt_interval_s: null },
+    trainer: { enabled: false },
+    checkpointing: { enabled: false },
+  });
+  const planned = await plannedGroups(cfg, groups);
+  const rolloutIds = planned.flatMap((g) => g.siblings.map((s) => s.rollout_id));
+
+  /** Forget the rollouts in Gym (the environment drops its kept replies) and clear the call log. */
+  const cleanSlate = async (ids: readonly string[] = rolloutIds): Promise<void> => {
+    const servers = Object.entries(endpoints)
+      .filter(([, e]) => e.kind !== 'inference')
+      .map(([name, e]) => ({ name, url: e.url }));
+    const dep = { token: TOKEN, members: (await discover({ servers, token: TOKEN })).members };
+    for (let i = 0; i < ids.length; i += 1000) {
+      await forget(dep, { deadlineTs: Date.now() / 1000 + 120, rolloutIds: ids.slice(i, i + 1000) });
+    }
+    await closeControlPool();
+    await postJson(`${backend.url}/_ctl/reset`, {});
+  };
+
+  const rows: Row[] = [];
+  const lifecycles: Lifecycle[] = [];
+  const problems: string[] = [];
+  const order: Array<'plain' | 'controller'> = [];
+  for (let r = 0; r < repeat; r++) order.push(...(r % 2 === 0 ? (['plain', 'controller'] as const) : (['controller', 'plain'] as const)));
+  // Warm-up, not reported: a few groups each way (JIT of every server, the workers' first
+  // workflow and activity tasks), under another run name.
+  const warmCfg = RunConfigSchema.parse({
+    ...cfg,
+    run: { ...cfg.run, name: 'overhead-warm', checkpoint_dir: join(dir, 'checkpoints-warm') },
+    grpo: { ...cfg.grpo, num_prompts_per_step: Math.min(4, groups) },
+  });
+  const warm = await plannedGroups(warmCfg, warmCfg.grpo.num_prompts_per_step);
+  const warmIds = warm.flatMap((g) => g.siblings.map((s) => s.rollout_id));
+  await plainDriver(endpoints, warm, inFlight);
+  await cleanSlate(warmIds);
+  await (await startRun(client, warmCfg)).result();
+  await cleanSlate(warmIds);
+
+  for (const [i, phase] of order.entries()) {
+    const before = await cpuMark(server, runDir);
+    const t0 = performance.now();
+    let completed = 0;
+    let rewardSum = 0;
+    let extra: Row = {};
+    let tEnd: number | undefined;
+    if (phase === 'plain') {
+      const replies = await plainDriver(endpoints, planned, inFlight);
+      for (const rep of replies) {
+        if (!(rep instanceof Error) && rep.status === 200 && rep.body?.result) {
+          completed += 1;
+          rewardSum += rep.body.result.reward as number;
+        } else problems.push(`plain: ${rep instanceof Error ? rep.message : `HTTP ${rep.status} ${JSON.stringify(rep.body).slice(0, 200)}`}`);
+      }
+    } else {
+      const handle = await startRun(client, cfg);
+      const summary = await handle.result();
+      tEnd = performance.now();
+      completed = summary.completedRollouts;
+      rewardSum = (summary.rewardPerStep[0] ?? 0) * completed;
+      if (summary.failedRollouts > 0) problems.push(`controller: ${summary.failedRollouts} failed rollout attempts`);
+      const info = await handle.describe();
+      extra = { history_events: Number(info.historyLength), continued_as_new: summary.continuedAsNew };
+      lifecycles.push(await lifecycle(client, cfg.run.name, rolloutIds, 200));
+    }
+    const wall = ((tEnd ?? performance.now()) - t0) / 1000;
+    const cpu = cpuDelta(before, await cpuMark(server, runDir));
+    const calls = await backend.calls();
+    const tokens = calls.reduce((s, c) => s + (c.decoded_tokens ?? 0), 0);
+    const total = cpu.temporal + cpu.self + cpu.gym;
+    rows.push({
+      run: i + 1,
+      phase,
+      rollouts: rollouts,
+      completed,
+      mean_reward: round3(completed ? rewardSum / completed : 0),
+      model_calls: calls.length,
+      wall_s: round3(wall),
+      rollouts_per_s: round3(completed / wall),
+      tokens_per_s: Math.round(tokens / wall),
+      temporal_cpu_s: round3(cpu.temporal),
+      process_cpu_s: round3(cpu.self),
+      gym_cpu_s: round3(cpu.gym),
+      temporal_cpu_share: round3(total ? cpu.temporal / total : 0),
+      ...extra,
+    });
+    console.log(`  ${phase}: ${completed}/${rollouts} rollouts in ${round3(wall)} s, ${calls.length} model calls`);
+    if (completed !== rollouts) problems.push(`${phase}: ${completed} of ${rollouts} rollouts completed`);
+    await cleanSlate();
+  }
+
+  const wallOf = (p: string): number => median(rows.filter((r) => r.phase === p).map((r) => Number(r.wall_s)));
+  const plainS = wallOf('plain');
+  const controllerS = wallOf('controller');
+  const ratio = controllerS / plainS;
+  const ctl = rows.filter((r) => r.phase === 'controller');
+  const plain = rows.filter((r) => r.phase === 'plain');
+  const temporalShare = median(ctl.map((r) => Number(r.temporal_cpu_share)));
+  // The controller's extra CPU in this process (workflow + activity workers vs the plain driver).
+  const workerExtra = median(ctl.map((r) => Number(r.process_cpu_s))) - median(plain.map((r) => Number(r.process_cpu_s)));
+  console.log('');
+  printTable(rows);
+  console.log('\na rollout in the controller (means over sampled children, from their histories):');
+  printTable(lifecycles.map((l, k) => ({ controller_run: k + 1, ...l })));
+  const life = lifecycles[0];
+  // Of a rollout's time under the controller, the part that is not its `/run`.
+  const temporalTimeShare = life && life.total_s > 0 ? 1 - life.run_s / life.total_s : null;
+  console.log(
+    `\nratio controller / plain (wall, median): ${round3(ratio)}  —  Temporal server: ${round3(temporalShare * 100)} % of all CPU in the ` +
+      `controller phase; workers: +${round3(workerExtra)} CPU s over the plain driver`,
+  );
+  const file = writeBenchResult(
+    'controller-overhead',
+    {
+      rollouts,
+      token_delay_ms: tokenDelayMs,
+      ratio: round3(ratio),
+      plain_s: round3(plainS),
+      controller_s: round3(controllerS),
+      plain_rollouts_per_s: round3(rollouts / plainS),
+      controller_rollouts_per_s: round3(rollouts / controllerS),
+      temporal_cpu_share: round3(temporalShare),
+      temporal_time_share: temporalTimeShare === null ? null : round3(temporalTimeShare),
+      worker_extra_cpu_s: round3(workerExtra),
+    },
+    [...rows, ...lifecycles.map((l) => ({ table: 'lifecycle', ...l }))],
+  );
+  console.log(`wrote ${file}`);
+
+  await connection.close();
+  await workers.shutdown();
+  await running;
+  await closeActivityPools();
+  await downDeployment(runDir);
+  await server.stop();
+  await rm(dir, { recursive: true, force: true });
+  if (problems.length) {
+    console.error(`controller-overhead: ${problems.length} problems:\n  ${problems.slice(0, 20).join('\n  ')}`);
+    process.exit(1);
+  }
+  process.exit(0);
+}
+
+await main();

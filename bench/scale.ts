@@ -1,0 +1,816 @@
+// scale: a checkpoint of N in-flight rollouts on a real Gym deployment, a crash, and a restore.
+//
+//   npm run bench -- scale [--rollouts 500] [--rollouts 8000 --rollouts 16000]
+//                          [--window 256] [--finished-fraction 0.05] [--seed 7] [--keep]
+//                          [--shards 1] [--profile <dir>]
+//
+// The deployment (launcher, one process per server): tiny-policy inference, the policy model as
+// a participant, Simple Agent, weather (stateless) and counter (exported session state)
+// resources and their environment servers. N rollouts are POSTed straight to the environment
+// servers' `/run` (tasks from activities/dataset.ts; 3 weather : 1 counter), each held at its
+// second model call by the backend (`/_ctl/hold {after_calls_per_rollout: 1}`); a few
+// (--finished-fraction) answer at their first call and finish before the checkpoint.
+// Rollout IDs are picked by replaying the tiny policy offline (sampling is a function of rollout
+// ID, call index and policy version), so the expected reward of each rollout is known: every held
+// rollout is one the policy solves (reward 1.0).
+//
+// Then, as a controller would (activities/coordination.ts): discover → prepare → continuedScope →
+// commit → resume, each timed (and per participant, from the control calls' round trips);
+// SIGKILL every Gym process (the inference backend survives); fresh processes; restore → resume
+// (timed); release the hold; redispatch every exported episode as attempt N+1.
+// Verified: every rollout either finished before the checkpoint or was exported (or reported as a
+// restart), never two of these; every exported one completes after the restore with its expected
+// reward (1.0) making only the calls after its saved turn (it continued, it did not start over).
+//
+// --shards k: k copies of the environment servers, agent and policy model (one backend, one pair
+// of resources servers). A held episode keeps a connection open on every hop, so the agent and
+// the model need two file descriptors per episode: one copy tops out near ulimit -n / 2 held
+// episodes (20,000 here: ~9,900), and the benchmark refuses a size that does not fit.
+//
+// --profile <dir>: the restored Gym processes run with `--cpu-prof` (a SIGKILLed process writes no
+// profile); their replacements are held again at their next call and a second checkpoint is taken
+// and timed (again_*), then everything finishes and the processes exit gracefully, so the profiles
+// cover a restore and a checkpoint. Open them in Chrome DevTools or speedscope.
+import diagnostics_channel from 'node:diagnostics_channel';
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Agent, request } from 'undici';
+import {
+  commit,
+  committedEnvironmentKeys,
+  continuedScope,
+  discover,
+  prepare,
+  preparedBlockers,
+  preparedRestarts,
+  restore,
+  resume,
+  type Deployment,
+} from '../activities/coordination.js';
+import { closeControlPool } from '../activities/control-client.js';
+import { taskAt } from '../activities/dataset.js';
+import { CONTROL_PREFIX } from '../protocol/control.js';
+import { captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from '../protocol/ids.js';
+import type { ChatMessage } from '../protocol/openai.js';
+import type { Task } from '../protocol/tasks.js';
+import type { Endpoints } from '../servers/common/deployment.js';
+import { decide, initialWeights } from '../servers/inference/policy.js';
+import { downDeployment, killDeployment, restartDeployment, statusDeployment, upDeployment } from '../servers/launcher/launcher.js';
+import { readRunState } from '../servers/launcher/run-dir.js';
+import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+
+export const TOKEN = 'bench-scale-token';
+/** The backend's `seed` option: mixed into every sampling seed. */
+export const BACKEND_SALT = 1;
+
+/**
+ * The deployment of scale (and the controller benchmarks): weather and counter, the model a
+ * participant. With `shards` > 1 the servers that hold a connection per running episode (the
+ * environment servers, the agent and the policy model) come `shards` times — `<name>_<k>` for
+ * k ≥ 2 — in front of the one backend and the one pair of resources servers. `tokenDelayMs`: the
+ * backend waits this long per generated token (longer rollouts; 0 = as fast as it can).
+ */
+export function gymYaml(opts: { checkpoint?: boolean; shards?: number; tokenDelayMs?: number } = {}): string {
+  const on = opts.checkpoint ?? true;
+  const lines = [
+    'checkpoint:',
+    `  enabled: ${on}`,
+    '  lease_grace_seconds: 600',
+    'servers:',
+    `  policy_backend: { kind: inference, options: { seed: ${BACKEND_SALT}, token_delay_ms: ${opts.tokenDelayMs ?? 0} } }`,
+    '  weather:        { kind: resources, type: weather }',
+    '  counter:        { kind: resources, type: counter }',
+  ];
+  for (let k = 1; k <= (opts.shards ?? 1); k++) {
+    const n = (base: string): string => shardName(base, k);
+    lines.push(
+      `  ${n('policy_model')}: { kind: model, options: { backend: policy_backend, checkpoint_policy: ${on} } }`,
+      `  ${n('simple_agent')}: { kind: agent, options: { model: ${n('policy_model')}, max_steps: 8 } }`,
+      `  ${n('weather_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: weather } }`,
+      `  ${n('counter_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: counter } }`,
+    );
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+/** Server `base` of shard k (1-based): the first shard keeps the plain names. */
+export const shardName = (base: string, k: number): string => (k === 1 ? base : `${base}_${k}`);
+
+export const ENVIRONMENT_OF: Readonly<Record<string, string>> = { weather: 'weather_env', counter: 'counter_env', genrm: 'genrm_env' };
+
+// --- the tiny policy, offline -----------------------------------------------------------------
+
+export interface Simulated {
+  /** Model calls the episode makes. */
+  calls: number;
+  /** The reward its verify gives. */
+  reward: number;
+}
+
+/**
+ * Replays the agent loop against the tiny policy (initial weights): sampling reads only the task
+ * line and the assistant messages, so this is what the real episode does.
+ */
+export function simulate(task: Task, rolloutId: string, salt = BACKEND_SALT, maxSteps = 8): Simulated {
+  const messages = structuredClone(task.task_input.responses_create_params.input) as ChatMessage[];
+  const weights = initialWeights();
+  const data = task.task_input.task_data as { city?: string; initial_count?: number; expected_count?: number };
+  let count = data.initial_count ?? 0;
+  let rightCity = false;
+  let calls = 0;
+  for (let step = 0; step < maxSteps; step++) {
+    const d = decide({ weights, messages, rolloutId, salt });
+    calls += 1;
+    for (const c of d.message.tool_calls ?? []) {
+      const args = JSON.parse(c.function.arguments) as { count?: number; city?: string };
+      if (c.function.name === 'increment_counter') count += args.count ?? 0;
+      if (c.function.name === 'get_weather' && args.city === data.city) rightCity = true;
+    }
+    if (d.finishReason === 'stop') break;
+    messages.push(d.message);
+    for (const c of d.message.tool_calls ?? []) messages.push({ role: 'tool', tool_call_id: c.id, content: 'ok' });
+  }
+  const reward = task.task_id.taskset === 'counter' ? (count === data.expected_count ? 1 : 0) : rightCity ? 1 : 0;
+  return { calls, reward };
+}
+
+export interface PlannedRollout {
+  episode: EpisodeId;
+  environment: string;
+  task: Task;
+  expected: Simulated;
+  /** Answers at its first call: finishes before the checkpoint. */
+  oneCall: boolean;
+}
+
+/**
+ * N rollouts, 3 weather : 1 counter. Rollout `i` gets the first ID `<prefix>-<i>-<j>` whose episode
+ * is solved (reward 1.0) in two calls or more; every `1/finishedFraction`-th instead one that
+ * answers at once (weather, reward 0).
+ */
+export function planRollouts(n: number, opts: { seed: number; prefix: string; finishedFraction: number; shards?: number }): PlannedRollout[] {
+  const out: PlannedRollout[] = [];
+  const every = opts.finishedFraction > 0 ? Math.max(1, Math.round(1 / opts.finishedFraction)) : Infinity;
+  for (let i = 0; i < n; i++) {
+    const oneCall = (i + 1) % every === 0;
+    const taskset = oneCall || i % 4 !== 3 ? 'weather' : 'counter';
+    const task = taskAt(opts.seed, i, [taskset]);
+    let found: PlannedRollout | undefined;
+    for (let j = 0; j < 2_000 && !found; j++) {
+      const rollout_id = `${opts.prefix}-${i}-${j}`;
+      const sim = simulate(task, rollout_id);
+      const ok = oneCall ? sim.calls === 1 : sim.calls >= 2 && sim.reward === 1;
+      // By blocks of four (3 weather + 1 counter), so every shard gets both tasksets.
+      const environment = shardName(ENVIRONMENT_OF[taskset]!, 1 + (Math.floor(i / 4) % (opts.shards ?? 1)));
+      if (ok) found = { episode: { rollout_id, attempt: 0 }, environment, task, expected: sim, oneCall };
+    }
+    if (!found) throw new Error(`no rollout ID for task ${i} (${taskset}) has the wanted shape`);
+    out.push(found);
+  }
+  return out;
+}
+
+// --- HTTP -------------------------------------------------------------------------------------
+
+export interface Reply {
+  status: number;
+  body: any;
+}
+
+/** `/run` lasts as long as its episode is held: a pool without undici's 300 s timeouts. */
+export function newRunPool(): Agent {
+  return new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000 });
+}
+
+export async function postJson(url: string, body: unknown, dispatcher?: Agent): Promise<Reply> {
+  const res = await request(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    ...(dispatcher ? { dispatcher } : {}),
+  });
+  const text = await res.body.text();
+  let parsed: unknown = text;
+  try {
+    parsed = text ? JSON.parse(text) : undefined;
+  } catch {
+    /* not JSON */
+  }
+  return { status: res.statusCode, body: parsed };
+}
+
+/** GET with a few retries on a reset connection (a keep-alive connection the server just closed). */
+export async function getJson(url: string): Promise<any> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const res = await request(url).catch((err: unknown) => {
+        throw Object.assign(new Error(`GET ${url}: ${(err as Error).message}`, { cause: err }), { code: (err as { code?: string }).code });
+      });
+      const text = await res.body.text();
+      if (res.statusCode !== 200) throw new Error(`GET ${url}: HTTP ${res.statusCode} ${text.slice(0, 300)}`);
+      return JSON.parse(text);
+    } catch (err) {
+      const code = (err as { code?: string }).code;
+      if (attempt >= 5 || (code !== 'ECONNRESET' && code !== 'UND_ERR_SOCKET')) throw err;
+      await sleep(100 * attempt);
+    }
+  }
+}
+
+/** The tiny-policy backend's test controls. */
+export class Backend {
+  constructor(readonly url: string) {}
+  async hold(rule: { after_calls_per_rollout: number }): Promise<void> {
+    const r = await postJson(`${this.url}/_ctl/hold`, rule);
+    if (r.status !== 200) throw new Error(`hold: HTTP ${r.status}`);
+  }
+  async release(): Promise<number> {
+    return (await postJson(`${this.url}/_ctl/release`, {})).body?.released ?? 0;
+  }
+  async count(): Promise<number> {
+    return (await getJson(`${this.url}/_ctl/call_count`)).count as number;
+  }
+  async calls(): Promise<Array<{ rollout_id: string; attempt: number; capture_key: string; decoded_tokens: number; t: number; returned?: boolean }>> {
+    return getJson(`${this.url}/_ctl/calls`);
+  }
+}
+
+/** Runs at most `n` of the given tasks at once. */
+export function limiter(n: number): <T>(task: () => Promise<T>) => Promise<T> {
+  let active = 0;
+  const queue: Array<() => void> = [];
+  return async (task) => {
+    if (active >= n) await new Promise<void>((r) => queue.push(r));
+    active += 1;
+    try {
+      return await task();
+    } finally {
+      active -= 1;
+      queue.shift()?.();
+    }
+  };
+}
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Polls until `cond` holds; fails naming `what` (and the last progress line) after `timeoutMs`. */
+export async function waitUntil(what: string, cond: () => Promise<string | true>, timeoutMs: number, intervalMs = 200): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  let last = '';
+  for (;;) {
+    const r = await cond();
+    if (r === true) return;
+    last = r;
+    if (Date.now() > until) throw new Error(`timed out after ${timeoutMs / 1000} s waiting for ${what} (${last})`);
+    await sleep(intervalMs);
+  }
+}
+
+// --- CPU of processes -------------------------------------------------------------------------
+
+const CLOCK_TICKS = 100;
+
+/**
+ * User + system CPU seconds of the live processes of each process group (Linux /proc), by
+ * group ID: the launcher and the Temporal dev server start every server as its own group.
+ */
+export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<number, number>> {
+  const { readdir, readFile } = await import('node:fs/promises');
+  const want = new Set(pgids);
+  const out = new Map<number, number>(pgids.map((g) => [g, 0]));
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat: string;
+    try {
+      stat = await readFile(`/proc/${entry}/stat`, 'utf8');
+    } catch {
+      continue; // exited meanwhile
+    }
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // After the command: state, ppid, pgrp (field 5), …, utime (14), stime (15).
+    const pgrp = Number(f[2]);
+    if (!want.has(pgrp)) continue;
+    out.set(pgrp, out.get(pgrp)! + (Number(f[11]) + Number(f[12])) / CLOCK_TICKS);
+  }
+  return out;
+}
+
+/** CPU seconds of every server process (group) of a Gym run dir, by server name. */
+export async function gymCpuSeconds(runDir: string): Promise<Record<string, number>> {
+  const state = readRunState(runDir);
+  const named = Object.entries(state.servers).filter(([, s]) => s.pid);
+  const cpu = await groupCpuSeconds(named.map(([, s]) => s.pid!));
+  return Object.fromEntries(named.map(([name, s]) => [name, cpu.get(s.pid!) ?? 0]));
+}
+
+// --- per-participant timing of control calls ------------------------------------------------------
+
+interface OpenCall {
+  origin: string;
+  op: string;
+  t0: number;
+}
+
+/**
+ * Round trip of every control call (`/ng-control/v1/checkpoint/<op>`) this process makes, from
+ * undici's diagnostics channels: `op` → origin → seconds (the last call of that op to that origin).
+ */
+export class ControlCallTimer {
+  readonly seconds = new Map<string, Map<string, number>>();
+  /** Prefixed to the op of every call recorded from now on (`checkpoint`, `restore`). */
+  phase = '';
+  private open = new WeakMap<object, OpenCall>();
+  private onCreate = (m: unknown): void => {
+    const req = (m as { request: { origin?: unknown; path?: unknown } }).request;
+    const p = String(req.path ?? '');
+    if (!p.startsWith(`${CONTROL_PREFIX}/`)) return;
+    this.open.set(req, { origin: String(req.origin ?? ''), op: `${this.phase}${p.slice(CONTROL_PREFIX.length + 1)}`, t0: performance.now() });
+  };
+  private onHeaders = (m: unknown): void => {
+    const req = (m as { request: object }).request;
+    const o = this.open.get(req);
+    if (!o) return;
+    this.open.delete(req);
+    let byOrigin = this.seconds.get(o.op);
+    if (!byOrigin) this.seconds.set(o.op, (byOrigin = new Map()));
+    byOrigin.set(o.origin.replace(/\/+$/, ''), (performance.now() - o.t0) / 1000);
+  };
+
+  start(): this {
+    diagnostics_channel.subscribe('undici:request:create', this.onCreate);
+    diagnostics_channel.subscribe('undici:request:headers', this.onHeaders);
+    return this;
+  }
+  stop(): void {
+    diagnostics_channel.unsubscribe('undici:request:create', this.onCreate);
+    diagnostics_channel.unsubscribe('undici:request:headers', this.onHeaders);
+  }
+  of(op: string, url: string): number | null {
+    return this.seconds.get(op)?.get(url.replace(/\/+$/, '')) ?? null;
+  }
+}
+
+/**
+ * A preload module that profiles its process from start to exit (`--cpu-prof` is not allowed in
+ * NODE_OPTIONS, and the launcher starts the servers): written into the bench's temp dir.
+ */
+async function writeProfiler(tmp: string, outDir: string): Promise<string> {
+  const file = join(tmp, 'cpu-profiler.mjs');
+  await writeFile(
+    file,
+    `import inspector from 'node:inspector';
+import { mkdirSync, writeFileSync } from 'node:fs';
+const session = new inspector.Session();
+session.connect();
+session.post('Profiler.enable');
+session.post('Profiler.start');
+process.on('exit', () => {
+  // The in-thread session answers synchronously.
+  session.post('Profiler.stop', (err, r) => {
+    if (err) return;
+    mkdirSync(${JSON.stringify(outDir)}, { recursive: true });
+    const name = (process.argv[process.argv.indexOf('--name') + 1] ?? 'node') + '-' + process.pid;
+    writeFileSync(${JSON.stringify(outDir)} + '/' + name + '.cpuprofile', JSON.stringify(r.profile));
+  });
+});
+`,
+  );
+  return file;
+}
+
+/**
+ * A held episode keeps a connection open on every hop (bench → environment → agent → model →
+ * backend): the agent and the model hold two descriptors per episode of their shard, the
+ * backend one per held episode. Past the process limit (`ulimit -n`) accepts fail and the
+ * dispatch stalls: refuse up front, naming the way out.
+ */
+function checkDescriptors(held: number, shards: number): void {
+  const limit = Number(/Max open files\s+(\d+)/.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? Infinity);
+  const perShard = 2 * Math.ceil(held / shards) + 200;
+  const need = Math.max(perShard, held + 200);
+  if (need > limit) {
+    const shardsNeeded = Math.ceil((2 * held) / (limit - 200));
+    throw new Error(
+      `${held} held episodes need about ${need} open files in one process (agent, model: 2 per episode of their shard; ` +
+        `the backend and this process: 1 per episode), over the limit of ${limit} (ulimit -n)` +
+        (held + 200 <= limit ? `: run with --shards ${shardsNeeded}` : ': raise ulimit -n'),
+    );
+  }
+}
+
+/** After a failure: which servers are gone, and the end of their logs. */
+async function reportDeadServers(runDir: string, log: (line: string) => void): Promise<void> {
+  for (const st of await statusDeployment(runDir)) {
+    if (st.alive) continue;
+    let tail = '';
+    try {
+      tail = readFileSync(join(runDir, 'logs', `${st.name}.log`), 'utf8').split('\n').slice(-15).join('\n    ');
+    } catch {
+      tail = '(no log)';
+    }
+    log(`  ${st.name} (pid ${st.pid}) is not running; its log ends:\n    ${tail}`);
+  }
+}
+
+// --- one size ---------------------------------------------------------------------------------
+
+interface RunState {
+  planned: PlannedRollout;
+  reply?: Reply;
+  error?: unknown;
+  settledAt?: number;
+  done: Promise<void>;
+}
+
+function startRun(pool: Agent, endpoints: Endpoints, planned: PlannedRollout, episode: EpisodeId = planned.episode): RunState {
+  const url = `${endpoints[planned.environment]!.url}/run`;
+  const st = { planned } as RunState;
+  st.done = postJson(url, { episode_id: episode, task: planned.task }, pool).then(
+    (r) => {
+      st.reply = r;
+      st.settledAt = performance.now();
+    },
+    (err: unknown) => {
+      st.error = err;
+      st.settledAt = performance.now();
+    },
+  );
+  return st;
+}
+
+/**
+ * Starts `start(item)` for every item with a window on the work not yet done: an item owes
+ * `owed(item)` model calls before it is held or finished; at most `window` items' worth of calls
+ * (two each) are outstanding, so no server gets thousands of connections at once.
+ */
+const STALL_MS = 120_000;
+
+async function dispatchWindowed<T>(items: readonly T[], start: (item: T) => RunState, owed: (item: T) => number, backend: Backend, window: number): Promise<RunState[]> {
+  const base = await backend.count();
+  const out: RunState[] = [];
+  let total = 0;
+  let calls = 0;
+  let progressAt = Date.now();
+  for (const item of items) {
+    while (total - calls > 2 * window) {
+      await sleep(50);
+      const now = (await backend.count()) - base;
+      if (now > calls) progressAt = Date.now();
+      calls = now;
+      const failed = out.find((r) => r.error !== undefined);
+      if (failed) throw new Error(`/run of ${captureKey(failed.planned.episode)} failed during dispatch: ${String(failed.error)}`);
+      if (Date.now() - progressAt > STALL_MS) {
+        throw new Error(`dispatch stalled: no model call for ${STALL_MS / 1000} s after ${out.length} of ${items.length} rollouts (${calls} calls)`);
+      }
+    }
+    out.push(start(item));
+    total += owed(item);
+  }
+  return out;
+}
+
+const rewardOf = (r: Reply | undefined): number | null => (r && r.status === 200 && r.body?.result ? (r.body.result.reward as number) : null);
+
+const deadlineIn = (s: number): number => Date.now() / 1000 + s;
+
+async function participantsOf(endpoints: Endpoints): Promise<Deployment> {
+  const servers = Object.entries(endpoints)
+    .filter(([, e]) => e.kind !== 'inference')
+    .map(([name, e]) => ({ name, url: e.url }));
+  const found = await discover({ servers, token: TOKEN, probeTimeoutMs: 60_000, requireModel: true });
+  return { token: TOKEN, members: found.members };
+}
+
+export interface ScaleOptions {
+  rollouts: number;
+  window: number;
+  finishedFraction: number;
+  seed: number;
+  keep: boolean;
+  /** Copies of the environment servers, agent and policy model (see gymYaml). */
+  shards: number;
+  /** CPU profiles (`--cpu-prof`) of the restored Gym processes go here; adds a second checkpoint. */
+  profileDir?: string;
+  log: (line: string) => void;
+}
+
+interface ScaleResult {
+  row: Row;
+  participants: Row[];
+  problems: string[];
+}
+
+async function runScale(o: ScaleOptions): Promise<ScaleResult> {
+  const n = o.rollouts;
+  const dir = await mkdtemp(join(tmpdir(), `bench-scale-${n}-`));
+  const runDir = join(dir, 'gym');
+  const checkpointDir = join(dir, 'checkpoint');
+  const env = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' };
+  const problems: string[] = [];
+  const timer = new ControlCallTimer().start();
+  let pool = newRunPool();
+  const t = (ms: number): number => round3(ms / 1000);
+  try {
+    const tPlan = performance.now();
+    const planned = planRollouts(n, { seed: o.seed, prefix: `scale${n}`, finishedFraction: o.finishedFraction, shards: o.shards });
+    checkDescriptors(n - planned.filter((p) => p.oneCall).length, o.shards);
+    const oneCall = planned.filter((p) => p.oneCall).length;
+    const expectedCallsAtHold = planned.reduce((s, p) => s + Math.min(2, p.expected.calls), 0);
+    o.log(`  planned ${n} rollouts (${oneCall} finish at once) in ${t(performance.now() - tPlan)} s`);
+
+    await writeFile(join(dir, 'gym.yaml'), gymYaml({ shards: o.shards }));
+    const tUp = performance.now();
+    const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
+    const endpoints = up.endpoints;
+    const backend = new Backend(endpoints.policy_backend!.url);
+    o.log(`  deployment up in ${t(performance.now() - tUp)} s`);
+    await backend.hold({ after_calls_per_rollout: 1 });
+
+    // Dispatch with a window on the work not yet done: a rollout owes up to two model calls
+    // before it is held (or finished); at most `window` rollouts' worth of calls outstanding.
+    const tDispatch = performance.now();
+    const runs = await dispatchWindowed(planned, (p) => startRun(pool, endpoints, p), (p) => Math.min(2, p.expected.calls), backend, o.window);
+    let calls = 0;
+    await waitUntil(
+      `${n} rollouts held or finished`,
+      async () => {
+        calls = await backend.count();
+        const finished = runs.filter((r) => r.settledAt !== undefined).length;
+        const failed = runs.filter((r) => r.settledAt !== undefined && !r.planned.oneCall).length;
+        if (failed > 0) throw new Error(`${failed} held rollouts ended before the checkpoint: ${JSON.stringify(runs.find((r) => r.settledAt !== undefined && !r.planned.oneCall)?.reply ?? String(runs.find((r) => r.error)?.error)).slice(0, 500)}`);
+        return calls >= expectedCallsAtHold && finished >= oneCall ? true : `${calls}/${expectedCallsAtHold} model calls, ${finished}/${oneCall} finished`;
+      },
+      60_000 + n * 100,
+    );
+    const dispatchS = (performance.now() - tDispatch) / 1000;
+    o.log(`  ${n - oneCall} held, ${oneCall} finished after ${round3(dispatchS)} s`);
+
+    // --- checkpoint --------------------------------------------------------------------------
+    const id = `bench-scale-${n}`;
+    const dep = await participantsOf(endpoints);
+    const t0 = performance.now();
+    const prepared = await prepare(dep, { checkpointId: id, deadlineTs: deadlineIn(600) });
+    const t1 = performance.now();
+    if (!prepared.prepared) throw new Error(`checkpoint did not prepare: ${JSON.stringify(preparedBlockers(prepared)).slice(0, 1000)}`);
+    const finishedBefore = new Set(runs.filter((r) => r.settledAt !== undefined).map((r) => captureKey(r.planned.episode)));
+    const inFlight = runs.filter((r) => r.settledAt === undefined).map((r) => r.planned.episode);
+    const scope = continuedScope(prepared, inFlight);
+    const t2 = performance.now();
+    const commitReplies = await commit(dep, { checkpointId: id, deadlineTs: deadlineIn(600), checkpointDir, scope });
+    const t3 = performance.now();
+    const exported = committedEnvironmentKeys(dep, commitReplies);
+    const t4 = performance.now();
+    await resume(dep, { checkpointId: id, deadlineTs: deadlineIn(600) });
+    const t5 = performance.now();
+    const restarts = preparedRestarts(prepared).map(captureKey);
+    o.log(`  checkpoint: prepare ${t(t1 - t0)} s, commit ${t(t3 - t2)} s, resume ${t(t5 - t4)} s; ${exported.length} exported, ${restarts.length} restarts`);
+
+    // --- who is where ----------------------------------------------------------------------------
+    const exportedSet = new Set(exported);
+    const restartSet = new Set(restarts);
+    for (const r of runs) {
+      const k = captureKey(r.planned.episode);
+      const places = [finishedBefore.has(k) && 'finished', exportedSet.has(k) && 'exported', restartSet.has(k) && 'restart'].filter(Boolean);
+      if (places.length !== 1) problems.push(`${k}: ${places.length ? places.join(' and ') : 'neither finished, exported nor a restart'}`);
+    }
+    const dispatched = new Set(runs.map((r) => captureKey(r.planned.episode)));
+    for (const k of exported) if (!dispatched.has(k)) problems.push(`${k}: exported but never dispatched`);
+    for (const r of runs) {
+      if (!r.planned.oneCall || r.settledAt === undefined) continue;
+      if (rewardOf(r.reply) !== r.planned.expected.reward) problems.push(`${captureKey(r.planned.episode)}: finished with reward ${rewardOf(r.reply)}, expected ${r.planned.expected.reward}`);
+    }
+
+    // --- crash, restart, restore ----------------------------------------------------------------
+    const tKill = performance.now();
+    const killed = await killDeployment(runDir);
+    await Promise.all(runs.map((r) => r.done));
+    const finishedAfter = runs.filter((r) => !finishedBefore.has(captureKey(r.planned.episode)) && rewardOf(r.reply) !== null).length;
+    if (finishedAfter > 0) problems.push(`${finishedAfter} exported rollouts delivered a result between the checkpoint and the crash (they were held)`);
+    // Idle keep-alive connections to the dead servers would keep their ports in FIN-WAIT.
+    await Promise.all([pool.destroy(), closeControlPool()]);
+    pool = newRunPool();
+    const tRestart = performance.now();
+    // Only the restored processes are profiled: a SIGKILLed process writes no profile.
+    const profileEnv = o.profileDir ? { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${await writeProfiler(dir, o.profileDir)}`.trim() } : {};
+    await restartDeployment(runDir, { env: { ...env, ...profileEnv }, healthTimeoutMs: 180_000 });
+    const tRestarted = performance.now();
+    o.log(`  killed ${killed.length} servers; fresh processes healthy in ${t(tRestarted - tRestart)} s`);
+    const dep2 = await participantsOf(endpoints);
+    timer.phase = 'restore:';
+    const restoreId = `bench-restore-${n}`;
+    const restoreScope = scope.filter((e) => exportedSet.has(captureKey(e)));
+    const mono = (): number => Number(process.hrtime.bigint() / 1000n);
+    const windows: Record<string, [number, number]> = {};
+    const w0 = mono();
+    const r0 = performance.now();
+    const restored = await restore(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600), checkpointDir, scope: restoreScope });
+    const r1 = performance.now();
+    windows.restore = [w0, mono()];
+    await resume(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600) });
+    const r2 = performance.now();
+    o.log(`  restore ${t(r1 - r0)} s, resume ${t(r2 - r1)} s`);
+    const envRestored = new Set(
+      dep2.members.filter((m) => m.kind === 'environment').flatMap((m) => restored[m.name]?.restored ?? []),
+    );
+    for (const e of restoreScope) {
+      const want = captureKey(nextAttempt(e));
+      if (!envRestored.has(want)) problems.push(`${want}: not restored by its environment server`);
+    }
+
+    // --- redispatch ------------------------------------------------------------------------------
+    const callsBefore = await backend.count();
+    const byKey = new Map(planned.map((p) => [captureKey(p.episode), p]));
+    const again = [...exported, ...restarts].map((k) => byKey.get(k)!).filter(Boolean);
+    let reruns: RunState[] = [];
+    let redispatchS: number;
+    let second: Row | undefined;
+    if (!o.profileDir) {
+      await backend.release();
+      const tRedispatch = performance.now();
+      const slot = limiter(o.window);
+      await Promise.all(
+        again.map((p) =>
+          slot(async () => {
+            const st = startRun(pool, endpoints, p, nextAttempt(p.episode));
+            reruns.push(st);
+            await st.done;
+          }),
+        ),
+      );
+      redispatchS = (performance.now() - tRedispatch) / 1000;
+    } else {
+      await mkdir(o.profileDir, { recursive: true });
+      // Profiling: the hold stays, so every replacement is held at its next call; a second
+      // checkpoint of the restored processes (whose CPU profiles survive: they exit gracefully).
+      const tRedispatch = performance.now();
+      reruns = await dispatchWindowed(again, (p) => startRun(pool, endpoints, p, nextAttempt(p.episode)), () => 1, backend, o.window);
+      await waitUntil(`${again.length} replacements held`, async () => {
+        const c = (await backend.count()) - callsBefore;
+        return c >= again.length ? true : `${c}/${again.length} calls`;
+      }, 60_000 + n * 100);
+      const id2 = `bench-scale-${n}-again`;
+      const m0 = mono();
+      const q0 = performance.now();
+      const prepared2 = await prepare(dep2, { checkpointId: id2, deadlineTs: deadlineIn(600) });
+      const q1 = performance.now();
+      const m1 = mono();
+      windows.again_prepare = [m0, m1];
+      if (!prepared2.prepared) throw new Error(`second checkpoint did not prepare: ${JSON.stringify(preparedBlockers(prepared2)).slice(0, 1000)}`);
+      const scope2 = continuedScope(prepared2, again.map((p) => nextAttempt(p.episode)));
+      const replies2 = await commit(dep2, { checkpointId: id2, deadlineTs: deadlineIn(600), checkpointDir: `${checkpointDir}-again`, scope: scope2 });
+      const q2 = performance.now();
+      windows.again_commit = [m1, mono()];
+      await writeFile(join(o.profileDir, 'windows.json'), `${JSON.stringify(windows)}\n`);
+      await resume(dep2, { checkpointId: id2, deadlineTs: deadlineIn(600) });
+      const q3 = performance.now();
+      second = { prepare_s: t(q1 - q0), commit_s: t(q2 - q1), resume_s: t(q3 - q2), exported: committedEnvironmentKeys(dep2, replies2).length };
+      o.log(`  second checkpoint (profiled processes): prepare ${second.prepare_s} s, commit ${second.commit_s} s, resume ${second.resume_s} s`);
+      await backend.release();
+      await Promise.all(reruns.map((r) => r.done));
+      redispatchS = (performance.now() - tRedispatch) / 1000;
+    }
+    let rewarded = 0;
+    for (const r of reruns) {
+      const got = rewardOf(r.reply);
+      if (got === r.planned.expected.reward) rewarded += 1;
+      else problems.push(`${captureKey(nextAttempt(r.planned.episode))}: reward ${got}, expected ${r.planned.expected.reward} (${r.reply ? `HTTP ${r.reply.status} ${JSON.stringify(r.reply.body).slice(0, 300)}` : String(r.error)})`);
+    }
+    // A continued episode makes only the calls after its saved turn (here: all but its first).
+    const after = (await backend.calls()).slice(callsBefore);
+    const callsOf = new Map<string, number>();
+    for (const c of after) callsOf.set(c.rollout_id, (callsOf.get(c.rollout_id) ?? 0) + 1);
+    let continued = 0;
+    for (const k of exported) {
+      const p = byKey.get(k);
+      if (!p) continue;
+      const got = callsOf.get(p.episode.rollout_id) ?? 0;
+      if (got === p.expected.calls - 1) continued += 1;
+      else problems.push(`${k}: ${got} model calls after the restore, expected ${p.expected.calls - 1} (continued from its saved turn)`);
+    }
+    o.log(`  redispatched ${again.length} in ${round3(redispatchS)} s: ${rewarded} with the expected reward, ${continued} continued from their saved turn`);
+
+    const members = [...dep.members];
+    const participants: Row[] = members.map((m) => {
+      const prep = prepared.replies[m.name];
+      const man = commitReplies[m.name]?.manifest;
+      return {
+        rollouts: n,
+        server: m.name,
+        kind: m.kind,
+        prepare_s: round3(timer.of('prepare', m.url) ?? NaN),
+        commit_s: round3(timer.of('commit', m.url) ?? NaN),
+        resume_s: round3(timer.of('resume', m.url) ?? NaN),
+        restore_s: round3(timer.of('restore:restore', m.url) ?? NaN),
+        restore_resume_s: round3(timer.of('restore:resume', m.url) ?? NaN),
+        records: man?.record_count ?? null,
+        counts: prep ? Object.entries(prep.report.counts).map(([k, v]) => `${k}=${v}`).join(' ') : '',
+      };
+    });
+    const row: Row = {
+      rollouts: n,
+      shards: o.shards,
+      held: n - oneCall,
+      finished_before: finishedBefore.size,
+      exported: exported.length,
+      restarts: restarts.length,
+      dispatch_s: round3(dispatchS),
+      prepare_s: t(t1 - t0),
+      commit_s: t(t3 - t2),
+      resume_s: t(t5 - t4),
+      kill_restart_s: t(tRestarted - tKill),
+      restore_s: t(r1 - r0),
+      restore_resume_s: t(r2 - r1),
+      redispatch_s: round3(redispatchS),
+      rewarded: rewarded,
+      continued,
+      problems: problems.length,
+      ...(second ? { again_prepare_s: second.prepare_s, again_commit_s: second.commit_s, again_resume_s: second.resume_s } : {}),
+    };
+    // Graceful: a profiled process writes its profile when it exits.
+    await downDeployment(runDir, { graceMs: o.profileDir ? 60_000 : 5_000 });
+    if (o.profileDir) o.log(`  CPU profiles of the restored processes in ${o.profileDir}`);
+    return { row, participants, problems };
+  } catch (err) {
+    await reportDeadServers(runDir, o.log).catch(() => undefined);
+    await downDeployment(runDir, { graceMs: 2_000 }).catch(() => undefined);
+    throw err;
+  } finally {
+    timer.stop();
+    await Promise.all([pool.destroy(), closeControlPool()]);
+    if (o.keep) o.log(`  kept ${dir}`);
+    else await rm(dir, { recursive: true, force: true });
+  }
+}
+
+// --- main -------------------------------------------------------------------------------------
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      rollouts: { type: 'string', multiple: true, default: ['500'] },
+      window: { type: 'string', default: '256' },
+      'finished-fraction': { type: 'string', default: '0.05' },
+      seed: { type: 'string', default: '7' },
+      keep: { type: 'boolean', default: false },
+      profile: { type: 'string' },
+      shards: { type: 'string', default: '1' },
+    },
+  });
+  const rows: Row[] = [];
+  const participantRows: Row[] = [];
+  let failed = false;
+  for (const n of values.rollouts!.map(Number)) {
+    if (!Number.isSafeInteger(n) || n < 1) throw new Error(`--rollouts needs a positive integer, got ${n}`);
+    console.log(`scale: ${n} rollouts`);
+    const r = await runScale({
+      rollouts: n,
+      window: Number(values.window),
+      finishedFraction: Number(values['finished-fraction']),
+      seed: Number(values.seed),
+      keep: values.keep!,
+      shards: Math.max(1, Number(values.shards)),
+      ...(values.profile ? { profileDir: resolve(values.profile) } : {}),
+      log: (l) => console.log(l),
+    });
+    rows.push(r.row);
+    participantRows.push(...r.participants);
+    if (r.problems.length) {
+      failed = true;
+      console.log(`  ${r.problems.length} problems, first ones:\n    ${r.problems.slice(0, 20).join('\n    ')}`);
+    }
+  }
+  console.log('');
+  printTable(rows);
+  console.log('\nper participant (round trip of its control call):');
+  printTable(participantRows);
+  const last = rows[rows.length - 1]!;
+  const file = writeBenchResult(
+    'scale',
+    {
+      rollouts: Number(last.rollouts),
+      exported: Number(last.exported),
+      prepare_s: Number(last.prepare_s),
+      commit_s: Number(last.commit_s),
+      restore_s: Number(last.restore_s),
+      resume_s: Number(last.resume_s),
+    },
+    [...rows, ...participantRows.map((p) => ({ table: 'participant', ...p }))],
+  );
+  console.log(`\nwrote ${file}`);
+  if (failed) {
+    console.error('scale: verification failed (see problems above)');
+    process.exit(1);
+  }
+  process.exit(0);
+}
+
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  main().catch((err: unknown) => {
+    console.error(err);
+    process.exit(1);
+  });
+}
