@@ -164,6 +164,6 @@ export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
 
 /** Builds a sibling's task from its dataset reference (deterministic: the same task every time). */
 export function taskFromRef(ref: TaskRef): Task {
-  const group = { group_id: groupIdOf(ref.seed, ref.prompt_index), prompt_index: ref.prompt_index, size: ref.group_size, task: taskAt(ref.seed, ref.prompt_index, ref.tasksets as Taskset[]) };
+  const group = { group_id: ref.group_id ?? groupIdOf(ref.seed, ref.prompt_index), prompt_index: ref.prompt_index, size: ref.group_size, task: taskAt(ref.seed, ref.prompt_index, ref.tasksets as Taskset[]) };
   return siblingTask(group, ref.sibling, ref.group_attempt ?? 0);
 }

@@ -58,6 +58,8 @@ export interface GymRestoreOutcome {
  * carry this small reference instead of the task (thousands of tasks would exceed payload limits).
  */
 export interface TaskRef {
+  /** The run-scoped group ID: group-scored verification groups its cohort by it. */
+  group_id?: string;
   seed: number;
   prompt_index: number;
   group_size: number;

@@ -46,6 +46,8 @@ export interface PromptGroup {
   tasks: unknown[];
   /** Where the group's tasks come from in the dataset (the sibling index is added per attempt). */
   task_ref?: Omit<TaskRef, 'sibling'>;
+  /** Bumped when the whole cohort starts over, so a group-scored verifier sees a new cohort. */
+  cohort_attempt?: number;
 }
 
 export interface Ledger {
@@ -203,8 +205,9 @@ export function failAttempt(l: Ledger, episode: EpisodeId, reason: string): Sibl
   if (a.gym_attempt !== episode.attempt || (a.status !== 'dispatched' && a.status !== 'reserved')) return [];
   a.status = 'failed';
   a.reason = reason;
-  // Group-scored or prompt-group recovery: the whole cohort starts over together.
+  // Group-scored or prompt-group recovery: the whole cohort starts over together, as a new cohort.
   const affected = group.recovery_granularity === 'prompt_group' ? group.siblings : [sibling];
+  if (group.recovery_granularity === 'prompt_group') group.cohort_attempt = (group.cohort_attempt ?? 0) + 1;
   for (const s of affected) {
     const cur = currentAttempt(s);
     if (s !== sibling) {

@@ -421,7 +421,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           target_step: Math.floor(st.ledger.cursor / cfg.grpo.num_prompts_per_step),
           tasks: [],
           size: g.size,
-          task_ref: { seed: cfg.run.seed, prompt_index: g.prompt_index, group_size: g.size, tasksets: [...cfg.grpo.tasksets] },
+          // Run-scoped group ID: two runs on one Gym deployment never share a verification cohort.
+          task_ref: { group_id: `${cfg.run.name}.${g.group_id}`, seed: cfg.run.seed, prompt_index: g.prompt_index, group_size: g.size, tasksets: [...cfg.grpo.tasksets] },
         });
         st.ledger.cursor += 1;
       }
@@ -461,7 +462,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 environmentUrl: env.url,
                 ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
                 ...(group.task_ref
-                  ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index } }
+                  ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index, group_attempt: group.cohort_attempt ?? 0 } }
                   : { task: group.tasks[sibling.generation_index] }),
                 topology: childTopology,
                 controlTaskQueue: cfg.run.task_queue,
@@ -729,6 +730,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         }
       }
       const retireOld: EpisodeId[] = [];
+      const cohortRestarted = new Set<L.PromptGroup>();
       const scopeRollouts = new Set(scope.map((e) => e.rollout_id));
       for (const u of unsealed) {
         const cur = L.currentAttempt(u.sibling);
@@ -740,9 +742,11 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         }
         if (cur.status === 'reserved' && !cur.continued) continue; // never reached Gym: dispatch as is
         if (cur.status === 'dispatched') retireOld.push(L.episodeOfAttempt(u.sibling, cur));
+        if (u.group.recovery_granularity === 'prompt_group') cohortRestarted.add(u.group);
         L.restartFromInput(u.sibling, 'gym_crash', restoreFailed && scopeRollouts.has(u.sibling.rollout_id) ? 1 : 0);
         record.restarted.push(L.siblingKey(u.sibling));
       }
+      for (const g of cohortRestarted) g.cohort_attempt = (g.cohort_attempt ?? 0) + 1;
       if (level === 'prompt_group') {
         // Saved turns are thrown away and every group with unfinished work reruns whole.
         for (const g of new Set(unsealed.map((u) => u.group))) {
