@@ -105,8 +105,10 @@ describe('controller on the dev server with a real Gym', () => {
     expect(summary.steps).toBe(cfg.grpo.max_num_steps);
     expect(summary.completedRollouts).toBe(expected);
     expect(summary.failedRollouts).toBe(0);
+    // A quiet machine finishes 6 steps in a few seconds: at least one periodic snapshot, every one completed.
     const completed = summary.checkpoints.filter((c) => c.outcome === 'completed');
-    expect(completed.length).toBeGreaterThanOrEqual(2);
+    expect(completed.length).toBeGreaterThanOrEqual(1);
+    expect(completed.every((c) => c.trigger === 'periodic' && c.snapshotDir)).toBe(true);
     expect(summary.checkpoints.filter((c) => c.outcome === 'failed')).toEqual([]);
     // one attempt workflow per rollout, each completed once
     const rollouts = await rolloutWorkflows(cfg.run.name);
