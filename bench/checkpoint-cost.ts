@@ -2,6 +2,7 @@
 //
 //   npm run bench -- checkpoint-cost [--steps 4] [--prompts 8] [--generations 4]
 //                                    [--groups-in-flight 12] [--interval <s>] [--repeat 1]
+//                                    [--token-delay-ms 0]
 //
 // The same training run (same name and seed, so the same rollout IDs and tasks; trainer on: a
 // GRPO step and a refit of the backend per step) through the Temporal controller, once with
@@ -20,6 +21,7 @@
 // ledger cut, publish (manifest, validation, rename), resume — and the rest of its total
 // (allocation, the topology check, retention, workflow task latency); admission-closed seconds
 // per snapshot from `seconds.admission_closed_seconds`.
+// --token-delay-ms makes the backend wait per generated token (longer rollouts, the same work).
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -87,6 +89,7 @@ async function main(): Promise<void> {
       tasksets: { type: 'string', default: 'weather,counter' },
       repeat: { type: 'string', default: '1' },
       seed: { type: 'string', default: '3' },
+      'token-delay-ms': { type: 'string', default: '0' },
     },
   });
   const steps = Number(values.steps);
@@ -97,12 +100,13 @@ async function main(): Promise<void> {
   const repeat = Math.max(1, Number(values.repeat));
   const tasksets = values.tasksets!.split(',').map((s) => s.trim()) as RunConfig['grpo']['tasksets'];
   const rollouts = steps * prompts * generations;
+  const tokenDelayMs = Number(values['token-delay-ms']);
 
   const dir = await mkdtemp(join(tmpdir(), 'bench-ckptcost-'));
   const env = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' };
   console.log(
     `checkpoint-cost: ${steps} steps × ${prompts} prompts × ${generations} generations = ${rollouts} rollouts, ` +
-      `${inFlight} groups in flight, periodic snapshots ${interval === null ? 'off' : `every ${interval} s`}`,
+      `${inFlight} groups in flight, periodic snapshots ${interval === null ? 'off' : `every ${interval} s`}, ${tokenDelayMs} ms per generated token`,
   );
   // Worker state changes and the like are not part of the report.
   Runtime.install({ logger: new DefaultLogger('WARN') });
@@ -112,7 +116,7 @@ async function main(): Promise<void> {
   const connection = await Connection.connect({ address: server.address });
   const client = new Client({ connection });
   const trainer = createTrainerActivities();
-  await writeFile(join(dir, 'gym.yaml'), gymYaml());
+  await writeFile(join(dir, 'gym.yaml'), gymYaml({ tokenDelayMs }));
 
   const order: Variant[] = [];
   for (let r = 0; r < repeat; r++) order.push(...(r % 2 === 0 ? (['off', 'on'] as const) : (['on', 'off'] as const)));
@@ -215,10 +219,12 @@ async function main(): Promise<void> {
     `\nthroughput on / off (tokens/s, median): ${round3(ratio)}; admission closed per snapshot: ${round3(admissionClosed)} s; ` +
       `checkpoint time per step (anchor + snapshot): ${round3(stepCkpt)} s`,
   );
+  // Longer rollouts are another configuration: kept apart from the default's result.
   const file = writeBenchResult(
-    'checkpoint-cost',
+    tokenDelayMs > 0 ? `checkpoint-cost-token-delay-${tokenDelayMs}ms` : 'checkpoint-cost',
     {
       rollouts,
+      token_delay_ms: tokenDelayMs,
       throughput_ratio: round3(ratio),
       admission_closed_s: round3(admissionClosed),
       step_checkpoint_s: round3(stepCkpt),

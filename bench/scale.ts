@@ -27,14 +27,17 @@
 // the model need two file descriptors per episode: one copy tops out near ulimit -n / 2 held
 // episodes (20,000 here: ~9,900), and the benchmark refuses a size that does not fit.
 //
-// --profile <dir>: the restored Gym processes run with `--cpu-prof` (a SIGKILLed process writes no
-// profile); their replacements are held again at their next call and a second checkpoint is taken
-// and timed (again_*), then everything finishes and the processes exit gracefully, so the profiles
-// cover a restore and a checkpoint. Open them in Chrome DevTools or speedscope.
+// --profile <dir>: the restored Gym processes are CPU-profiled from start to exit (a preload
+// module; a SIGKILLed process writes no profile, and NODE_OPTIONS refuses --cpu-prof); their
+// replacements are held again at their next call and a second checkpoint is taken and timed
+// (again_*), then everything finishes and the processes exit gracefully, so the profiles
+// (`<server>-<pid>.cpuprofile`) cover a restore and a checkpoint. `windows.json` holds the
+// monotonic microsecond windows of the restore and the second prepare/commit, the clock of the
+// profiles' sample times, to cut them. Open them in Chrome DevTools or speedscope.
 import diagnostics_channel from 'node:diagnostics_channel';
+import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -54,7 +57,7 @@ import {
 import { closeControlPool } from '../activities/control-client.js';
 import { taskAt } from '../activities/dataset.js';
 import { CONTROL_PREFIX } from '../protocol/control.js';
-import { captureKey, nextAttempt, parseCaptureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, nextAttempt, type EpisodeId } from '../protocol/ids.js';
 import type { ChatMessage } from '../protocol/openai.js';
 import type { Task } from '../protocol/tasks.js';
 import type { Endpoints } from '../servers/common/deployment.js';
@@ -418,7 +421,7 @@ async function reportDeadServers(runDir: string, log: (line: string) => void): P
 
 // --- one size ---------------------------------------------------------------------------------
 
-interface RunState {
+interface RunCall {
   planned: PlannedRollout;
   reply?: Reply;
   error?: unknown;
@@ -426,9 +429,9 @@ interface RunState {
   done: Promise<void>;
 }
 
-function startRun(pool: Agent, endpoints: Endpoints, planned: PlannedRollout, episode: EpisodeId = planned.episode): RunState {
+function startRun(pool: Agent, endpoints: Endpoints, planned: PlannedRollout, episode: EpisodeId = planned.episode): RunCall {
   const url = `${endpoints[planned.environment]!.url}/run`;
-  const st = { planned } as RunState;
+  const st = { planned } as RunCall;
   st.done = postJson(url, { episode_id: episode, task: planned.task }, pool).then(
     (r) => {
       st.reply = r;
@@ -442,16 +445,17 @@ function startRun(pool: Agent, endpoints: Endpoints, planned: PlannedRollout, ep
   return st;
 }
 
+/** No new model call for this long while dispatching: something is stuck (see checkDescriptors). */
+const STALL_MS = 120_000;
+
 /**
  * Starts `start(item)` for every item with a window on the work not yet done: an item owes
  * `owed(item)` model calls before it is held or finished; at most `window` items' worth of calls
  * (two each) are outstanding, so no server gets thousands of connections at once.
  */
-const STALL_MS = 120_000;
-
-async function dispatchWindowed<T>(items: readonly T[], start: (item: T) => RunState, owed: (item: T) => number, backend: Backend, window: number): Promise<RunState[]> {
+async function dispatchWindowed<T>(items: readonly T[], start: (item: T) => RunCall, owed: (item: T) => number, backend: Backend, window: number): Promise<RunCall[]> {
   const base = await backend.count();
-  const out: RunState[] = [];
+  const out: RunCall[] = [];
   let total = 0;
   let calls = 0;
   let progressAt = Date.now();
@@ -493,7 +497,7 @@ export interface ScaleOptions {
   keep: boolean;
   /** Copies of the environment servers, agent and policy model (see gymYaml). */
   shards: number;
-  /** CPU profiles (`--cpu-prof`) of the restored Gym processes go here; adds a second checkpoint. */
+  /** CPU profiles of the restored Gym processes go here; adds a second checkpoint (see the header). */
   profileDir?: string;
   log: (line: string) => void;
 }
@@ -625,7 +629,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const callsBefore = await backend.count();
     const byKey = new Map(planned.map((p) => [captureKey(p.episode), p]));
     const again = [...exported, ...restarts].map((k) => byKey.get(k)!).filter(Boolean);
-    let reruns: RunState[] = [];
+    let reruns: RunCall[] = [];
     let redispatchS: number;
     let second: Row | undefined;
     if (!o.profileDir) {
@@ -788,8 +792,10 @@ async function main(): Promise<void> {
   console.log('\nper participant (round trip of its control call):');
   printTable(participantRows);
   const last = rows[rows.length - 1]!;
+  // Sharded deployments are another configuration: kept apart from the single copy's result.
+  const shards = Number(last.shards);
   const file = writeBenchResult(
-    'scale',
+    shards > 1 ? `scale-shards-${shards}` : 'scale',
     {
       rollouts: Number(last.rollouts),
       exported: Number(last.exported),
