@@ -5,7 +5,7 @@
 //     manifest.json            written last
 // Allocation, writing, validation, atomic publication, retention and selection for restore.
 // Every step may run twice (activity retries), so each is idempotent.
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
@@ -17,6 +17,7 @@ import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
+import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
 
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
 export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
@@ -96,15 +97,6 @@ async function exists(p: string): Promise<boolean> {
   }
 }
 
-async function fsyncPath(p: string): Promise<void> {
-  const fh = await fsp.open(p, 'r');
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-}
-
 /** fsync every regular file and directory under `dir` (and `dir` itself), children first. */
 async function fsyncTree(dir: string): Promise<void> {
   for (const e of await fsp.readdir(dir, { withFileTypes: true })) {
@@ -113,39 +105,6 @@ async function fsyncTree(dir: string): Promise<void> {
     else if (e.isFile()) await fsyncPath(p);
   }
   await fsyncPath(dir);
-}
-
-/** Temp file, fsync, rename over `file`, fsync the directory. */
-async function writeFileDurably(file: string, data: Buffer): Promise<void> {
-  const dir = path.dirname(file);
-  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
-  try {
-    const fh = await fsp.open(tmp, 'wx');
-    try {
-      await fh.writeFile(data);
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    await fsp.rename(tmp, file);
-  } catch (err) {
-    await fsp.rm(tmp, { force: true }).catch(() => {});
-    throw err;
-  }
-  await fsyncPath(dir);
-}
-
-/** Keys sorted at every level (arrays keep their order). */
-function sortKeysDeep(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(sortKeysDeep);
-  if (v !== null && typeof v === 'object') {
-    const out: Record<string, unknown> = {};
-    for (const k of Object.keys(v).sort()) {
-      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
-    }
-    return out;
-  }
-  return v;
 }
 
 async function digestFile(file: string): Promise<{ sha256: string; bytes: number }> {

@@ -15,7 +15,7 @@
 // call. Calls of another version (a refit or a restore happened mid-rollout) are dropped and
 // counted. Older-version rollouts (async lag) are used as they are: the toy has no importance
 // correction, as the ledger's "a group resumed at turn mixes weights" caveat already accepts.
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
@@ -26,6 +26,7 @@ import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy
 import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
+import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
 
 export const TRAINER_FILE = 'trainer.json';
 export const GYM_RESTART_FALLBACK_FILE = 'gym_restart_fallback.json';
@@ -155,54 +156,12 @@ function parseInput<S extends z.ZodType>(schema: S, input: unknown, what: string
 
 // --- canonical JSON, durable files ------------------------------------------------------------
 
-/** Keys sorted at every level (arrays keep their order). */
-function sortKeysDeep(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(sortKeysDeep);
-  if (v !== null && typeof v === 'object') {
-    const out: Record<string, unknown> = {};
-    for (const k of Object.keys(v).sort()) {
-      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
-    }
-    return out;
-  }
-  return v;
-}
-
 export function canonicalJson(v: unknown): string {
   return JSON.stringify(sortKeysDeep(v));
 }
 
 const sha256 = (s: string): string => createHash('sha256').update(s, 'utf8').digest('hex');
 const isErrno = (err: unknown, code: string): boolean => (err as NodeJS.ErrnoException | null)?.code === code;
-
-async function fsyncPath(p: string): Promise<void> {
-  const fh = await fsp.open(p, 'r');
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-}
-
-/** Temp file, fsync, rename over `file`, fsync the directory. */
-async function writeFileDurably(file: string, data: string): Promise<void> {
-  const dir = path.dirname(file);
-  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
-  try {
-    const fh = await fsp.open(tmp, 'wx');
-    try {
-      await fh.writeFile(data, 'utf8');
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    await fsp.rename(tmp, file);
-  } catch (err) {
-    await fsp.rm(tmp, { force: true }).catch(() => {});
-    throw err;
-  }
-  await fsyncPath(dir);
-}
 
 /** `mkdir -p` of `<checkpointDir>/<anchor>`, fsyncing the parents whose entries may be new. */
 async function ensureAnchorDir(checkpointDir: string, anchor: string): Promise<string> {

@@ -1,0 +1,48 @@
+// File durability shared by the snapshot and trainer activities: a published file or directory
+// entry must survive a host crash, so writes go through a temp file, fsync and rename.
+import { randomBytes } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+
+/** fsync a file or directory by path. */
+export async function fsyncPath(p: string): Promise<void> {
+  const fh = await fsp.open(p, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Temp file, fsync, rename over `file`, fsync the directory. */
+export async function writeFileDurably(file: string, data: Buffer | string): Promise<void> {
+  const dir = path.dirname(file);
+  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
+  try {
+    const fh = await fsp.open(tmp, 'wx');
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await fsp.rename(tmp, file);
+  } catch (err) {
+    await fsp.rm(tmp, { force: true }).catch(() => {});
+    throw err;
+  }
+  await fsyncPath(dir);
+}
+
+/** Keys sorted at every level (arrays keep their order): the files' canonical layout. */
+export function sortKeysDeep(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeysDeep);
+  if (v !== null && typeof v === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const k of Object.keys(v).sort()) {
+      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
+    }
+    return out;
+  }
+  return v;
+}
