@@ -12,6 +12,7 @@ import {
   type GymParticipantCommit,
   type GymPrepareOutcome,
   type GymRestoreOutcome,
+  type EnvironmentCapabilities,
   type GymTopology,
 } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
@@ -207,6 +208,43 @@ async function readEndpoints(runDir: string): Promise<Endpoints> {
   return parsed.data;
 }
 
+type Statuses = Record<string, unknown>;
+
+function capabilitiesOf(statuses: Statuses, name: string): Record<string, unknown> {
+  const c = (statuses[name] as { capabilities?: unknown } | undefined)?.capabilities;
+  return c !== null && typeof c === 'object' ? (c as Record<string, unknown>) : {};
+}
+
+/**
+ * Per environment server, what it supports (controller.md §5.6 rule 1), from the `capabilities`
+ * each participant reports in status (ours; a server without them is taken at its most
+ * conservative: no continuations, restart-only resources).
+ */
+export function environmentCapabilities(statuses: Statuses): Record<string, EnvironmentCapabilities> {
+  const out: Record<string, EnvironmentCapabilities> = {};
+  for (const [name, st] of Object.entries(statuses)) {
+    if ((st as { kind?: unknown }).kind !== 'environment') continue;
+    const env = capabilitiesOf(statuses, name);
+    const agent = typeof env.agent === 'string' ? env.agent : '';
+    const resources = typeof env.resources === 'string' ? env.resources : '';
+    const a = capabilitiesOf(statuses, agent);
+    const r = capabilitiesOf(statuses, resources);
+    const mode = r.checkpoint_mode;
+    const groupSize = r.group_size;
+    const cohort = r.cohort_collection_timeout_s;
+    out[name] = {
+      environment: name,
+      agent,
+      supports_continuations: a.supports_continuations === true,
+      resources_checkpoint_mode: mode === 'stateless' || mode === 'exported' ? mode : 'restart_only',
+      verify_replayable: r.checkpoint_verify === 'replay',
+      group_size: typeof groupSize === 'number' && Number.isInteger(groupSize) && groupSize > 0 ? groupSize : null,
+      cohort_collection_timeout_s: typeof cohort === 'number' && cohort > 0 ? cohort : null,
+    };
+  }
+  return out;
+}
+
 export function createGymActivities(deps: GymActivityDeps) {
   const token = deps.controlToken;
   const log = logger(deps.log);
@@ -230,7 +268,7 @@ export function createGymActivities(deps: GymActivityDeps) {
         const id = (st as { instance_id?: unknown }).instance_id;
         if (typeof id === 'string') instances[name] = id;
       }
-      return { members, servers, fingerprint: topologyFingerprint(members), instances };
+      return { members, servers, fingerprint: topologyFingerprint(members), instances, environments: environmentCapabilities(found.statuses) };
     },
 
     /** Not prepared is an answer, not an error: the workflow resumes, retires stragglers, and tries a new ID. */

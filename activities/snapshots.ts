@@ -442,6 +442,8 @@ export async function readLedger(input: ReadLedgerInput): Promise<unknown> {
 export interface LatestSnapshotInput {
   checkpointDir: string;
   fingerprint?: string;
+  /** Only this anchor's snapshots (the selected trainer anchor's lineage, controller.md §3.7). */
+  anchor?: string;
 }
 
 export interface SkippedSnapshot {
@@ -491,7 +493,8 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
   const skipped: SkippedSnapshot[] = [];
   return heartbeating({ op: 'latestSnapshot' }, () =>
     storage(`selecting a snapshot in ${input.checkpointDir}`, async () => {
-      for (const anchor of await listAnchors(input.checkpointDir)) {
+      const anchors = await listAnchors(input.checkpointDir);
+      for (const anchor of input.anchor === undefined ? anchors : anchors.filter((a) => a === input.anchor)) {
         const root = path.join(input.checkpointDir, anchor, SNAPSHOTS_DIR);
         for (const { name } of await listSequences(root, SNAPSHOT_NAME)) {
           const dir = path.join(root, name);

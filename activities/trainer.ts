@@ -31,7 +31,7 @@ import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
 export const TRAINER_FILE = 'trainer.json';
 export const GYM_RESTART_FALLBACK_FILE = 'gym_restart_fallback.json';
 export const TRAINER_SCHEMA_VERSION = 1;
-export const GYM_RESTART_FALLBACK_SCHEMA_VERSION = 1;
+export const GYM_RESTART_FALLBACK_SCHEMA_VERSION = 2;
 /** Tags our files, so a checkpoint written by another implementation is rejected cleanly (§3.8). */
 export const TRAINER_FORMAT = 'rollout-checkpoint/ts-trainer';
 export const BOOTSTRAP_ANCHOR = 'bootstrap';
@@ -481,6 +481,8 @@ export interface WriteGymRestartFallbackInput {
   step: number;
   trainerVersion: number;
   topologyFingerprint: string;
+  /** The run's ledger (JSON) as the anchor was written. */
+  ledger: Record<string, unknown>;
 }
 
 export interface GymRestartFallback {
@@ -488,6 +490,7 @@ export interface GymRestartFallback {
   base_train_step: number;
   trainer_version: number;
   gym_topology_fingerprint: string;
+  ledger: Record<string, unknown>;
 }
 
 export const GymRestartFallbackSchema = z.strictObject({
@@ -495,6 +498,12 @@ export const GymRestartFallbackSchema = z.strictObject({
   base_train_step: NonNegInt,
   trainer_version: NonNegInt,
   gym_topology_fingerprint: z.string().regex(/^[0-9a-f]{64}$/),
+  /**
+   * The controller's ledger when the anchor was written: a restore without Gym state keeps its
+   * sealed siblings and starts every unfinished one over from its task (§3.7 item 5). Checked
+   * against the ledger invariants by the workflow that loads it.
+   */
+  ledger: z.record(z.string(), z.unknown()),
 });
 
 export interface RestoreTrainerInput {
@@ -503,6 +512,8 @@ export interface RestoreTrainerInput {
   backendUrl: string;
   /** `step_<N>` or `bootstrap` (initial weights); default the newest valid anchor. */
   anchor?: string;
+  /** A new run taking over an anchor another run wrote (a cold `restore_mode: latest` start). */
+  adopt?: boolean;
 }
 
 export interface RestoredTrainer {
@@ -661,12 +672,13 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
   }
 
   async function writeGymRestartFallback(input: WriteGymRestartFallbackInput): Promise<{ path: string }> {
-    const { checkpointDir, step, trainerVersion, topologyFingerprint } = parseInput(
+    const { checkpointDir, step, trainerVersion, topologyFingerprint, ledger } = parseInput(
       z.strictObject({
         checkpointDir: z.string().min(1),
         step: NonNegInt,
         trainerVersion: NonNegInt,
         topologyFingerprint: z.string().regex(/^[0-9a-f]{64}$/, 'must be a SHA-256 hex digest'),
+        ledger: z.record(z.string(), z.unknown()),
       }),
       input,
       'writeGymRestartFallback',
@@ -689,6 +701,7 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
         base_train_step: step,
         trainer_version: trainerVersion,
         gym_topology_fingerprint: topologyFingerprint,
+        ledger,
       };
       await writeFileDurably(file, `${JSON.stringify(sortKeysDeep(marker), null, 1)}\n`);
       return { path: file };
@@ -721,8 +734,14 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
   }
 
   async function restoreTrainer(input: RestoreTrainerInput): Promise<RestoredTrainer> {
-    const { run, checkpointDir, backendUrl, anchor } = parseInput(
-      z.strictObject({ run: z.string().min(1), checkpointDir: z.string().min(1), backendUrl: z.string().min(1), anchor: z.string().min(1).optional() }),
+    const { run, checkpointDir, backendUrl, anchor, adopt } = parseInput(
+      z.strictObject({
+        run: z.string().min(1),
+        checkpointDir: z.string().min(1),
+        backendUrl: z.string().min(1),
+        anchor: z.string().min(1).optional(),
+        adopt: z.boolean().optional(),
+      }),
       input,
       'restoreTrainer',
     );
@@ -750,14 +769,14 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
           if (!m) throw invariantFailure(`restoreTrainer: ${JSON.stringify(anchor)} is neither ${BOOTSTRAP_ANCHOR} nor step_<N>`);
           const got = await storage(`reading ${path.join(checkpointDir, anchor, TRAINER_FILE)}`, async () => {
             try {
-              return await readAnchor(checkpointDir, anchor, Number(m[1]), run);
+              return await readAnchor(checkpointDir, anchor, Number(m[1]), adopt ? undefined : run);
             } catch (err) {
               if (err instanceof CorruptAnchor) throw invariantFailure(`restoreTrainer: ${anchor}: ${err.message}`, { anchor });
               throw err;
             }
           });
           if (got === 'missing') throw invariantFailure(`restoreTrainer: ${anchor} has no ${TRAINER_FILE}`, { anchor });
-          st = got;
+          st = adopt ? { ...got, run } : got;
           name = anchor;
         }
         await refit(backendUrl, st, timeoutMs, signal);

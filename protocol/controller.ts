@@ -10,6 +10,25 @@ export interface GymMember {
 }
 
 /** A Gym deployment as the controller sees it. */
+/** Gym's resource checkpoint mode (`exported` is Gym's name for export/restore). */
+export type ResourcesCheckpointMode = 'stateless' | 'exported' | 'restart_only';
+
+/** What discovery reports for one environment (§5.6 rule 1; the capability is the source of truth). */
+export interface EnvironmentCapabilities {
+  environment: string;
+  /** Exact Gym agent name (the key of `agent_target_level_overrides`). */
+  agent: string;
+  /** The agent class can continue an episode from a saved turn. */
+  supports_continuations: boolean;
+  resources_checkpoint_mode: ResourcesCheckpointMode;
+  /** `checkpoint_replayable_verify` on the agent. */
+  verify_replayable: boolean;
+  /** Group-scored (e.g. GenRM compare): Gym's `num_rollouts_per_prompt`; null for ordinary environments. */
+  group_size: number | null;
+  /** A group-scored server's own cohort deadline (null: none reported). */
+  cohort_collection_timeout_s?: number | null;
+}
+
 export interface GymTopology {
   members: GymMember[];
   /** Every server of the deployment by name (environment servers receive `/run`). */
@@ -18,6 +37,8 @@ export interface GymTopology {
   fingerprint: string;
   /** server name → its process identity (`instance_id` in status); changes when it restarts fresh. */
   instances: Record<string, string>;
+  /** environment server name → what discovery found it supports (controller.md §5.6 rule 1). */
+  environments?: Record<string, EnvironmentCapabilities>;
 }
 
 export interface GymPrepareOutcome {

@@ -3,6 +3,7 @@
 import { z } from 'zod';
 
 const positive = z.number().positive().finite();
+const TargetLevelSchema = z.enum(['turn', 'sibling', 'prompt_group']);
 
 export const RunConfigSchema = z.strictObject({
   run: z.strictObject({
@@ -74,9 +75,13 @@ export const RunConfigSchema = z.strictObject({
     .default({ enabled: true }),
   rollout_recovery: z
     .strictObject({
-      target_level: z.enum(['turn', 'sibling', 'prompt_group']).default('turn'),
+      target_level: TargetLevelSchema.default('turn'),
+      /** Exact Gym agent name → a coarser level for its environments (checked against discovery at setup). */
+      agent_target_level_overrides: z.record(z.string(), TargetLevelSchema).default({}),
+      /** Task source (taskset) → a coarser level for its environment. */
+      task_source_target_level_overrides: z.record(z.string(), TargetLevelSchema).default({}),
     })
-    .default({ target_level: 'turn' }),
+    .default({ target_level: 'turn', agent_target_level_overrides: {}, task_source_target_level_overrides: {} }),
   controller: z
     .strictObject({
       /** Continue-as-new once the run's history has this many events (below the server's limits). */

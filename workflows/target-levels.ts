@@ -1,27 +1,13 @@
 // Target-level resolution (controller.md §5.6, §5.7): one knob, `rollout_recovery.target_level`,
 // lowered per environment to what Gym discovery says the environment supports, with coarser-only
 // overrides by agent or task source. Pure and deterministic (imported by workflow code).
+import type { EnvironmentCapabilities } from '../protocol/controller.js';
 import type { RecoveryGranularity, TargetLevel } from './ledger.js';
 
 /** Finest to coarsest. */
 export const TARGET_LEVELS: readonly TargetLevel[] = ['turn', 'sibling', 'prompt_group'];
 
-/** Gym's resource checkpoint mode (`exported` is Gym's name for export/restore). */
-export type ResourcesCheckpointMode = 'stateless' | 'exported' | 'restart_only';
-
-/** What discovery reports for one environment (§5.6 rule 1; the capability is the source of truth). */
-export interface EnvironmentCapabilities {
-  environment: string;
-  /** Exact Gym agent name (the key of `agent_target_level_overrides`). */
-  agent: string;
-  /** The agent class can continue an episode from a saved turn. */
-  supports_continuations: boolean;
-  resources_checkpoint_mode: ResourcesCheckpointMode;
-  /** `checkpoint_replayable_verify` on the agent. */
-  verify_replayable: boolean;
-  /** Group-scored (e.g. GenRM compare): Gym's `num_rollouts_per_prompt`; null for ordinary environments. */
-  group_size: number | null;
-}
+export type { EnvironmentCapabilities, ResourcesCheckpointMode } from '../protocol/controller.js';
 
 export type LevelSource = 'agent_override' | 'task_source_override' | 'target';
 
@@ -109,10 +95,11 @@ function turnBlocker(env: EnvironmentCapabilities): string | undefined {
   return reasons.length ? reasons.join('; ') : undefined;
 }
 
-function cohortTimeoutOf(input: ResolveLevelsInput, environment: string): number | null {
+/** The configured cohort deadline for the environment, else what its server reported. */
+function cohortTimeoutOf(input: ResolveLevelsInput, env: EnvironmentCapabilities): number | null {
   const c = input.cohortCollectionTimeoutS;
-  if (c === undefined || c === null || typeof c === 'number') return c ?? null;
-  return c[environment] ?? null;
+  const configured = c === undefined || c === null || typeof c === 'number' ? c : c[env.environment];
+  return configured ?? env.cohort_collection_timeout_s ?? null;
 }
 
 /**
@@ -199,7 +186,7 @@ export function resolveLevels(input: ResolveLevelsInput): ResolvedLevels {
           message: `is ${input.numGenerationsPerPrompt} but group-scored environment ${env.environment} has num_rollouts_per_prompt ${env.group_size}; a group could never reach its size`,
         });
       }
-      if (input.rolloutTimeoutS === null && cohortTimeoutOf(input, env.environment) === null) {
+      if (input.rolloutTimeoutS === null && cohortTimeoutOf(input, env) === null) {
         problems.push({
           key: 'async_rl.rollout_timeout_s',
           message: `group-scored environment ${env.environment} needs async_rl.rollout_timeout_s or the server's cohort_collection_timeout_s, so a group that never assembles is ended`,

@@ -26,6 +26,8 @@ import { controlActivities, storageActivities } from './activities-proxy.js';
 import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js';
 import * as D from './deadlines.js';
 import * as L from './ledger.js';
+import { checkLedger } from './ledger-invariants.js';
+import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type EnvironmentLevel } from './target-levels.js';
 import {
   checkpointCommitted,
   checkpointNow,
@@ -84,8 +86,25 @@ export interface RunState {
   /** A Gym process restarted under in-flight attempts: restore and redispatch before new work. */
   recoveryNeeded: boolean;
   recoveries: RecoveryRecord[];
+  /** What a cold `restore_mode: latest` start took over (null: started fresh, or a warm run). */
+  restoredFrom?: RestoredFrom | null;
   /** The step whose missing trainer anchor was already reported (log once per step). */
   missingAnchorStep: number | null;
+  /** Per environment (`recovery_granularity`, `restore_level`), resolved once at setup from discovery. */
+  levels: Record<string, EnvironmentLevel> | null;
+  /** One per environment whose level was lowered (controller.md §5.6 rule 2). */
+  levelWarnings: string[];
+}
+
+export interface RestoredFrom {
+  /** `step_<N>` or null (no trainer anchor: the trainer is off, or none was written yet). */
+  anchor: string | null;
+  /** The snapshot restored, or null for the anchor's Gym-restart fallback (no Gym state). */
+  snapshotDir: string | null;
+  step: number;
+  trainerVersion: number;
+  /** Newer snapshots that did not validate and were passed over. */
+  skipped: Array<{ dir: string; reason: string }>;
 }
 
 export interface RecoveryRecord {
@@ -113,6 +132,7 @@ export interface RunSummary {
   continuedAsNew: number;
   recoveries: RecoveryRecord[];
   trainerVersion: number;
+  restoredFrom: RestoredFrom | null;
 }
 
 const GYM_HOLDER = 'gym-checkpoint';
@@ -153,6 +173,8 @@ export function initialState(config: RunConfig): RunState {
     recoveryNeeded: false,
     recoveries: [],
     missingAnchorStep: null,
+    levels: null,
+    levelWarnings: [],
   };
 }
 
@@ -335,7 +357,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     training = true;
     try {
       for (;;) {
-        if (checkpointRunning) return;
+        // An anchor's trainer-boundary snapshot is taken at its step, before the next step trains.
+        if (checkpointRunning || boundaryRequested) return;
         const ready = L.readyGroups(st.ledger);
         if (ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
         const groups = ready.slice(0, cfg.grpo.num_prompts_per_step);
@@ -385,6 +408,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       step,
       trainerVersion: st.trainerVersion,
       topologyFingerprint: st.topology?.fingerprint ?? '',
+      ledger: st.ledger as unknown as Record<string, unknown>,
     });
     st.lastAnchorStep = step;
     // The batches before the anchor are in it now.
@@ -416,8 +440,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           prompt_id: g.prompt_id,
           task_source: g.taskset,
           environment,
-          recovery_granularity: g.taskset === 'genrm' ? 'prompt_group' : 'sibling',
-          restore_level: 'turn',
+          recovery_granularity: st.levels?.[environment]?.recovery_granularity ?? 'sibling',
+          restore_level: st.levels?.[environment]?.restore_level ?? cfg.rollout_recovery.target_level,
           target_step: Math.floor(st.ledger.cursor / cfg.grpo.num_prompts_per_step),
           tasks: [],
           size: g.size,
@@ -674,7 +698,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
    * attempts become N+1 on the same environment server; everything else unfinished starts over
    * from its input. Sealed work is never redone: it is in this workflow's history.
    */
-  async function recoverGym(): Promise<void> {
+  async function recoverGym(cold = false): Promise<void> {
     D.hold(st.deadlines, RECOVERY_HOLDER, Date.now());
     const record: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
     try {
@@ -685,7 +709,6 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       }
       const topology = await control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
       st.topology = topology;
-      const level = cfg.rollout_recovery.target_level;
       const saved = new Set(st.lastSnapshotScope);
       const unsealed = L.unsealedSiblings(st.ledger);
       // The saved attempt N of a sibling: its current attempt if that was in flight, or the attempt
@@ -699,7 +722,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         }
         return undefined;
       };
-      let candidates = level === 'turn' && st.lastSnapshot ? unsealed.filter((u) => savedEpisode(u.sibling) !== undefined) : [];
+      // Only groups resolved to restore at `turn` continue from saved turns (§5.5, §5.6).
+      let candidates = st.lastSnapshot ? unsealed.filter((u) => u.group.restore_level === 'turn' && savedEpisode(u.sibling) !== undefined) : [];
       // Group-scored groups re-form at /verify only whole: continue all their unfinished siblings or none.
       candidates = candidates.filter(
         (u) =>
@@ -740,18 +764,25 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           record.continued.push(L.siblingKey(u.sibling));
           continue;
         }
-        if (cur.status === 'reserved' && !cur.continued) continue; // never reached Gym: dispatch as is
+        if (cur.status === 'reserved' && !cur.continued) {
+          if (!cold) continue; // never reached Gym: dispatch as is
+          // Cold start: the run that wrote the cut may have dispatched it after the cut; its
+          // attempt number is burnt (retired) and the sibling starts over as the next one.
+          retireOld.push(L.episodeOfAttempt(u.sibling, cur));
+        }
         if (cur.status === 'dispatched') retireOld.push(L.episodeOfAttempt(u.sibling, cur));
         if (u.group.recovery_granularity === 'prompt_group') cohortRestarted.add(u.group);
         L.restartFromInput(u.sibling, 'gym_crash', restoreFailed && scopeRollouts.has(u.sibling.rollout_id) ? 1 : 0);
         record.restarted.push(L.siblingKey(u.sibling));
       }
       for (const g of cohortRestarted) g.cohort_attempt = (g.cohort_attempt ?? 0) + 1;
-      if (level === 'prompt_group') {
-        // Saved turns are thrown away and every group with unfinished work reruns whole.
-        for (const g of new Set(unsealed.map((u) => u.group))) {
+      // `prompt_group`: saved turns are thrown away and every group with unfinished work reruns whole.
+      for (const g of new Set(unsealed.map((u) => u.group))) {
+        if (g.restore_level === 'prompt_group') {
           for (const sib of g.siblings) {
             if (L.currentAttempt(sib).status === 'sealed') {
+              // Its result is superseded by the rerun: it counts once, when the rerun seals.
+              st.completedRollouts -= 1;
               L.restartFromInput(sib, 'prompt_group_rerun');
               record.restarted.push(L.siblingKey(sib));
             }
@@ -822,11 +853,117 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   const workflowStartMs = Date.now();
 
+  /**
+   * A new run on an existing checkpoint directory (`restore_mode: latest`, controller.md §3.7, §4):
+   * the newest valid trainer anchor, then that anchor's newest snapshot that validates against the
+   * discovered topology — or, without one, the anchor's Gym-restart fallback (keep sealed siblings,
+   * start every unfinished one over). The ledger is checked before anything is admitted; the Gym
+   * restore itself is the recovery pass that runs before the first dispatch. True when there is
+   * something to recover.
+   */
+  async function coldStart(topology: GymTopology): Promise<boolean> {
+    const checkpointDir = cfg.run.checkpoint_dir;
+    const refuse = (message: string): ApplicationFailure => ApplicationFailure.nonRetryable(`restore_mode latest: ${message}`, 'invalid_restore');
+    const anchor = cfg.trainer.enabled ? await trainer.latestTrainerAnchor({ checkpointDir }) : null;
+    const snap = await storage.latestSnapshot({ checkpointDir, fingerprint: topology.fingerprint, ...(anchor ? { anchor: anchor.anchor } : {}) });
+    let ledger: unknown;
+    let step: number;
+    let version: number;
+    if (snap) {
+      if (anchor && snap.manifest.base_train_step !== anchor.step) {
+        throw refuse(`snapshot ${snap.dir} is at step ${snap.manifest.base_train_step}, not at its anchor ${anchor.anchor}`);
+      }
+      ledger = snap.ledger;
+      step = snap.manifest.base_train_step;
+      version = snap.manifest.trainer_version;
+    } else if (anchor) {
+      const fallback = await trainer.readGymRestartFallback({ checkpointDir, anchor: anchor.anchor });
+      if (!fallback) throw refuse(`trainer anchor ${anchor.anchor} in ${checkpointDir} has neither a snapshot nor a Gym-restart fallback marker; refusing to start (use restore_mode: none or a new checkpoint_dir)`);
+      if (fallback.gym_topology_fingerprint !== topology.fingerprint) {
+        throw refuse(`the Gym topology of ${anchor.anchor} (${fallback.gym_topology_fingerprint.slice(0, 12)}…) differs from the discovered one (${topology.fingerprint.slice(0, 12)}…)`);
+      }
+      ledger = fallback.ledger;
+      step = anchor.step;
+      version = anchor.version;
+    } else {
+      return false; // nothing to take over: a fresh start
+    }
+    try {
+      checkLedger(ledger as L.Ledger);
+    } catch (err) {
+      throw refuse(`the ledger of ${snap?.dir ?? anchor?.anchor} is invalid: ${(err as Error).message}`);
+    }
+    if (anchor) {
+      const url = backendUrl();
+      if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
+      const r = await trainer.restoreTrainer({ run: cfg.run.name, checkpointDir, backendUrl: url, anchor: anchor.anchor, adopt: true });
+      version = r.version;
+      st.lastAnchorStep = anchor.step;
+    }
+    const restored = ledger as L.Ledger;
+    st.ledger = restored;
+    st.steps = step;
+    st.trainerVersion = version;
+    // Groups of the steps before it were trained; count their rollouts with the sealed ones carried.
+    st.completedRollouts =
+      step * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt +
+      Object.values(restored.groups).reduce((n, g) => n + g.siblings.filter((s) => L.currentAttempt(s).status === 'sealed').length, 0);
+    st.lastSnapshot = snap?.dir ?? null;
+    st.lastSnapshotScope = snap ? snap.manifest.gym_checkpoint.scope : [];
+    st.restoredFrom = { anchor: anchor?.anchor ?? null, snapshotDir: snap?.dir ?? null, step, trainerVersion: version, skipped: snap?.skipped ?? [] };
+    st.recoveryNeeded = true;
+    log.info('cold start: taking over an existing checkpoint', { ...st.restoredFrom, skipped: st.restoredFrom.skipped.length });
+    return true;
+  }
+
+  /**
+   * Target-level resolution at setup (controller.md §5.6, §5.7): each configured environment gets
+   * the finest level at or below the target that discovery says it supports; a combination that
+   * fails ends the run here, naming the config keys, before any work is admitted.
+   */
+  function setupLevels(topology: GymTopology): void {
+    const environmentOf = (taskset: string): string => cfg.grpo.environments[taskset] ?? `${taskset}_env`;
+    const names = [...new Set(cfg.grpo.tasksets.map(environmentOf))];
+    const unreported: string[] = [];
+    const environments: EnvironmentCapabilities[] = names.map((name) => {
+      const caps = topology.environments?.[name];
+      if (caps) return caps;
+      unreported.push(name);
+      // Not reported (not a participant, or a server without our capabilities): assume the least.
+      return { environment: name, agent: '', supports_continuations: false, resources_checkpoint_mode: 'restart_only', verify_replayable: false, group_size: null };
+    });
+    try {
+      const r = resolveLevels({
+        target: cfg.rollout_recovery.target_level,
+        environments,
+        agentOverrides: cfg.rollout_recovery.agent_target_level_overrides,
+        taskSourceOverrides: cfg.rollout_recovery.task_source_target_level_overrides,
+        taskSourceEnvironments: Object.fromEntries(cfg.grpo.tasksets.map((t) => [t, environmentOf(t)])),
+        numGenerationsPerPrompt: cfg.grpo.num_generations_per_prompt,
+        rolloutTimeoutS: cfg.async_rl.rollout_timeout_s,
+      });
+      st.levels = r.levels;
+      st.levelWarnings = [...unreported.map((n) => `environment ${n}: not reported by Gym discovery; assumed restart-only without continuations`), ...r.warnings];
+    } catch (err) {
+      if (err instanceof TargetLevelError) {
+        throw ApplicationFailure.nonRetryable(err.message, 'invalid_recovery_setup', { problems: err.problems });
+      }
+      throw err;
+    }
+    for (const w of st.levelWarnings) log.warn(w);
+    log.info('recovery levels resolved', {
+      levels: Object.fromEntries(Object.values(st.levels).map((l) => [l.environment, `${l.recovery_granularity}/${l.restore_level}`])),
+    });
+  }
+
   // --- main loop ---------------------------------------------------------------------------------
 
   if (!st.topology) {
     st.topology = await control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
   }
+  if (!st.levels) setupLevels(st.topology);
+  let coldRecoveryPending = false;
+  if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(st.topology);
   await upsertMemo({ run: cfg.run.name, steps: st.steps });
   const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && Object.keys(st.inFlight).length === 0 && !checkpointRunning;
 
@@ -835,7 +972,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     changed = false;
     applyReports();
     await trainReadyGroups();
-    if (st.recoveryNeeded && !checkpointRunning) await recoverGym();
+    if (st.recoveryNeeded && !checkpointRunning) await recoverGym(coldRecoveryPending);
+    coldRecoveryPending = false;
     if (done() && !st.pendingRelease && !st.pendingAbort && manualRequested === manualServed) break;
     if (checkpointDue()) startCheckpoint();
     await signalExpired();
@@ -874,6 +1012,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     continuedAsNew: st.continuedAsNew,
     recoveries: st.recoveries,
     trainerVersion: st.trainerVersion,
+    restoredFrom: st.restoredFrom ?? null,
   };
 
   function nextCheckpointMs(): number | undefined {

@@ -89,7 +89,7 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
     },
     statusExtras() {
       const pending = [...core.sessions.values()].filter((s) => s.restoredPending).map((s) => sessionCaptureKey(s)!);
-      return { accepting: core.gate.isOpen, restored_pending: sortedKeys(pending) };
+      return { accepting: core.gate.isOpen, restored_pending: sortedKeys(pending), capabilities: { supports_continuations: true } };
     },
   };
 }

@@ -44,7 +44,7 @@ export function restartOnlyHooks(core: AgentCore): ParticipantHooks {
       return retireEpisodes(core, episodes, signal);
     },
     statusExtras() {
-      return { accepting: core.gate.isOpen };
+      return { accepting: core.gate.isOpen, capabilities: { supports_continuations: false } };
     },
   };
 }

@@ -56,7 +56,11 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
     maxKept: options.kept_replies_max,
     onEvict: (key) => app.log.warn({ episode: key }, 'kept /run reply evicted (kept_replies_max reached); a late duplicate will be refused'),
   });
-  const participant = new EnvironmentParticipant({ checkpointBoundaries: options.checkpoint_boundaries, replies });
+  const participant = new EnvironmentParticipant({
+    checkpointBoundaries: options.checkpoint_boundaries,
+    replies,
+    peers: { agent: options.agent, resources: options.resources },
+  });
   const plane = await mountParticipant(app, ctx, participant);
   participant.attach(plane);
 

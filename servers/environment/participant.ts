@@ -21,6 +21,8 @@ export interface EnvironmentParticipantOptions {
   /** False: the protocol records no boundaries, so every episode is begun as a restart (§2.1). */
   checkpointBoundaries: boolean;
   replies: AttemptReplies;
+  /** The agent and resources servers this environment drives (reported in status for discovery). */
+  peers?: { agent: string; resources: string };
 }
 
 export class EnvironmentParticipant implements ParticipantHooks {
@@ -188,6 +190,6 @@ export class EnvironmentParticipant implements ParticipantHooks {
   }
 
   statusExtras(): Record<string, unknown> {
-    return { restored_pending: this.restoredPending() };
+    return { restored_pending: this.restoredPending(), ...(this.opts.peers ? { capabilities: { ...this.opts.peers } } : {}) };
   }
 }

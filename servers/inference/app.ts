@@ -153,7 +153,7 @@ export function registerInference(app: FastifyInstance, cfg: InferenceConfig): I
       if (gen) gen.generated = i + 1;
     };
     try {
-      if (state.holds.applies(record.index, prior)) await state.holds.wait(abort.signal);
+      if (state.holds.applies(record.index, prior, record.capture_key)) await state.holds.wait(abort.signal);
       const pacing = { delayMs, signal: abort.signal, start: reused };
       if (stream) {
         await streamReply(reply, decision, meta, pacing, decoded);

@@ -457,6 +457,7 @@ export class ModelParticipant implements GenerationGate {
       validateRecord: (r) => validateModelRecord(r),
       install: (req) => this.install(req),
       retire: (episodes, signal) => this.retire(episodes, signal),
+      forget: (rolloutIds) => this.forgetRestored(rolloutIds),
       statusExtras: () => ({
         restored_generation_cuts: sortedKeys(this.restoredCuts.keys()),
         restored_pending: sortedKeys([...this.restoredTargets].filter(([, v]) => !v.started).map(([k]) => k)),
@@ -544,6 +545,21 @@ export class ModelParticipant implements GenerationGate {
       // Without a fence: the controller may still start the rollout over as this attempt.
       await this.ledger.deleteLedger(key);
     }
+  }
+
+  /**
+   * A rollout finished for good: a restored attempt that never called again (it was past its last
+   * model call, e.g. waiting in a group-scored /verify) holds nothing any more. Its captured rows
+   * stay: they are training data, not per-attempt bookkeeping.
+   */
+  private forgetRestored(rolloutIds: readonly string[]): void {
+    const ids = new Set(rolloutIds);
+    for (const [key, target] of [...this.restoredTargets]) {
+      if (!ids.has(target.episode.rollout_id)) continue;
+      this.restoredTargets.delete(key);
+      this.restoredCuts.delete(key);
+    }
+    this.notify();
   }
 
   // --- install (§5.3) ----------------------------------------------------------------------------

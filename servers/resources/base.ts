@@ -21,6 +21,7 @@ import {
   SEED_PATH,
   type CheckpointMode,
   type CheckpointVerify,
+  type GroupScoring,
   type RequestTicket,
   type SessionStateHooks,
 } from './participant.js';
@@ -59,6 +60,8 @@ export interface ResourcesServerDefinition {
   routes(app: FastifyInstance, sessions: SessionIds): void | Promise<void>;
   /** Required for `checkpoint_mode: exported`. */
   sessionHooks?: SessionStateHooks;
+  /** Group-scored verification: the cohort size and collection deadline discovery reports. */
+  groupScored?: GroupScoring;
 }
 
 interface RequestState {
@@ -94,6 +97,7 @@ export async function buildResourcesServer(
         mode: checkpoint.checkpoint_mode,
         verify: checkpoint.checkpoint_verify,
         stateHooks: def.sessionHooks,
+        ...(def.groupScored ? { groupScored: def.groupScored } : {}),
         log: (msg, detail) => app.log.warn({ detail }, msg),
       })
     : undefined;

@@ -58,6 +58,7 @@ const genrmCompare: ServerModule<GenrmCompareOptions> = {
     });
 
     const app = await buildResourcesServer(ctx, opts, {
+      groupScored: { group_size: opts.num_rollouts_per_prompt, cohort_collection_timeout_s: opts.cohort_collection_timeout_s },
       routes(app, sessions) {
         app.post('/seed_session', async (req) => seedReply(req.body, sessions.of(req)));
 

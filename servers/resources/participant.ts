@@ -55,6 +55,14 @@ export interface ResourcesParticipantOptions {
   verify: CheckpointVerify;
   stateHooks?: SessionStateHooks;
   log?: (msg: string, detail?: unknown) => void;
+  /** Group-scored verification (e.g. genrm_compare): reported in status so a controller lowers levels. */
+  groupScored?: GroupScoring;
+}
+
+/** A group-scored server's cohort size and collection deadline (controller.md §5.6 rule 1). */
+export interface GroupScoring {
+  group_size: number;
+  cohort_collection_timeout_s: number | null;
 }
 
 export class ResourcesParticipant implements ParticipantHooks {
@@ -85,12 +93,14 @@ export class ResourcesParticipant implements ParticipantHooks {
   private readonly pendingEnds = new Set<string>();
   /** A session was ever seeded live here: this process is no restore target any more. */
   private served = false;
+  private readonly groupScored: GroupScoring | undefined;
   private waiters: Array<() => void> = [];
 
   constructor(opts: ResourcesParticipantOptions) {
     this.mode = opts.mode;
     this.verify = opts.verify;
     this.stateHooks = opts.stateHooks;
+    this.groupScored = opts.groupScored;
     this.log = opts.log ?? (() => undefined);
     if (this.mode === 'exported' && !this.stateHooks) {
       throw new Error("checkpoint_mode 'exported' needs the session hooks (export, restore, retire)");
@@ -411,7 +421,17 @@ export class ResourcesParticipant implements ParticipantHooks {
   }
 
   statusExtras(): Record<string, unknown> {
-    return { mode: this.mode, verify: this.verify, retired_sessions: this.retiredIds.size };
+    return {
+      mode: this.mode,
+      verify: this.verify,
+      retired_sessions: this.retiredIds.size,
+      capabilities: {
+        checkpoint_mode: this.mode,
+        checkpoint_verify: this.verify,
+        group_size: this.groupScored?.group_size ?? null,
+        cohort_collection_timeout_s: this.groupScored?.cohort_collection_timeout_s ?? null,
+      },
+    };
   }
 }
 

@@ -1,6 +1,8 @@
 // The controller on the real dev server against a real Gym deployment: a training run with
-// periodic checkpoints, and a worker process SIGKILLed in the middle of a checkpoint attempt.
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+// periodic checkpoints; a worker process SIGKILLed in the middle of a checkpoint attempt; for each
+// target level, every Gym process SIGKILLed with siblings sealed, parked mid-turn and unstarted;
+// and a cold `restore_mode: latest` start of a new run on a copied checkpoint directory.
+import { cp, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -8,11 +10,12 @@ import { Client, Connection } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
-import { downDeployment, upDeployment } from '../../servers/launcher/launcher.js';
+import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDeployment } from '../../servers/launcher/launcher.js';
 import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
 import { startRun } from '../../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
-import { runStatus } from '../../workflows/messages.js';
+import { checkpointNow, runStatus } from '../../workflows/messages.js';
+import type { RunSummary } from '../../workflows/trainingRun.js';
 
 const TOKEN = 'controller-e2e-token';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -24,10 +27,10 @@ let connection: Connection;
 let client: Client;
 const workers: GroupProcess[] = [];
 
-function startWorkerProcess(taskQueue: string): GroupProcess {
+function startWorkerProcess(taskQueue: string, address = server.address): GroupProcess {
   const proc = spawnGroup({
     command: process.execPath,
-    args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', server.address, '--task-queue', taskQueue, '--rollout-task-queue', `${taskQueue}-run`],
+    args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', address, '--task-queue', taskQueue, '--rollout-task-queue', `${taskQueue}-run`],
     env: { ...process.env, GYM_CONTROL_TOKEN: TOKEN },
     cwd: ROOT,
     onLine: (line) => {
@@ -168,5 +171,244 @@ describe('controller on the dev server with a real Gym', () => {
     expect(summary.completedRollouts).toBe(expected);
     const status = await handle.query(runStatus).catch(() => undefined);
     if (status) expect(status.gates.gymCheckpoint).toBe(false);
+  }, 240_000);
+});
+
+// --- recovery ---------------------------------------------------------------------------------
+
+async function post(url: string, body: unknown = {}): Promise<void> {
+  const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  if (!r.ok) throw new Error(`POST ${url}: ${r.status} ${await r.text()}`);
+}
+
+const backendUrl = (): string => readEndpoints(join(dir, 'gym')).policy_backend!.url;
+
+async function until(what: string, pred: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await pred())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** SIGKILL every Gym process (the inference backend survives), let held calls go, start fresh ones. */
+async function crashGym(): Promise<void> {
+  await killDeployment(join(dir, 'gym'));
+  await post(`${backendUrl()}/_ctl/release`);
+  await restartDeployment(join(dir, 'gym'), { env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' } });
+}
+
+/** Completed attempt workflows of the run: rollout ID → [capture key, reward] of each. */
+async function completedAttempts(run: string): Promise<Map<string, Array<{ key: string; reward: number | null }>>> {
+  const out = new Map<string, Array<{ key: string; reward: number | null }>>();
+  for await (const wf of client.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
+    if (!wf.workflowId.startsWith(`${run}/rollout/`)) continue;
+    const memo = (wf.memo ?? {}) as { status?: string; reward?: number | null };
+    if (memo.status !== 'completed') continue;
+    const key = wf.workflowId.slice(`${run}/rollout/`.length);
+    const rollout = key.replace(/-a\d+$/, '');
+    out.set(rollout, [...(out.get(rollout) ?? []), { key, reward: memo.reward ?? null }]);
+  }
+  return out;
+}
+
+/** Every Gym participant's status: after a run, none may hold a retire mark or a restored episode. */
+async function leftovers(): Promise<string[]> {
+  const found: string[] = [];
+  for (const [name, e] of Object.entries(readEndpoints(join(dir, 'gym')))) {
+    if (e.kind === 'inference') continue;
+    const r = await fetch(`${e.url}/ng-control/v1/checkpoint/status`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    if (r.status === 404) continue;
+    const st = (await r.json()) as { phase: string; retired_rollouts: number; restored_pending?: string[] };
+    if (st.retired_rollouts > 0) found.push(`${name}: ${st.retired_rollouts} retire marks`);
+    if ((st.restored_pending ?? []).length > 0) found.push(`${name}: restored ${st.restored_pending!.join(',')}`);
+    if (st.phase !== 'idle') found.push(`${name}: phase ${st.phase}`);
+  }
+  return found;
+}
+
+describe('recovery after every Gym process is SIGKILLed, per target level', () => {
+  // Two groups (counter s1-p0, genrm s1-p1) of 4. g0 runs free (the counter g0 seals; the genrm g0
+  // waits for its cohort in /verify), g1 and g2 park after their first model call (mid-turn), g3
+  // parks before its first call (unstarted).
+  const HOLDS = {
+    rules: [
+      { rollout_pattern: '\\.g[12](-a\\d+)?$', after_calls_per_rollout: 1 },
+      { rollout_pattern: '\\.g3(-a\\d+)?$', after_calls_per_rollout: 0 },
+    ],
+  };
+
+  for (const level of ['turn', 'sibling', 'prompt_group'] as const) {
+    it(`${level}: sealed siblings ${level === 'prompt_group' ? 'rerun with their group' : 'are kept'}, parked ones ${level === 'turn' ? 'continue from their turn' : 'rerun'}, the genrm group re-forms and is scored once`, async () => {
+      const name = `e2e-level-${level.replace('_', '-')}`;
+      const worker = startWorkerProcess(name);
+      await waitForLine(worker, /worker: polling/, 60_000);
+      await post(`${backendUrl()}/_ctl/hold`, HOLDS);
+      const cfg = config(name, name, {
+        grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 1, tasksets: ['counter', 'genrm'] },
+        rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: 30 } },
+        rollout_recovery: { target_level: level },
+      });
+      const handle = await startRun(client, cfg);
+      const counter = `${name}.s1-p0`;
+      const genrm = `${name}.s1-p1`;
+      await until('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1);
+      await new Promise((r) => setTimeout(r, 1_500)); // the held siblings reach their boundaries
+      const saved = await handle.executeUpdate(checkpointNow);
+      expect(saved.outcome).toBe('completed');
+      expect(saved.scope?.length).toBe(7); // every unfinished sibling is parked at a boundary
+      await crashGym();
+      const summary: RunSummary = await handle.result();
+
+      expect(summary.failedRollouts).toBe(0);
+      expect(summary.completedRollouts).toBe(8);
+      expect(summary.recoveries).toHaveLength(1);
+      const rec = summary.recoveries[0]!;
+      const parked = [1, 2, 3].map((g) => `${counter}.g${g}`);
+      const cohort = [0, 1, 2, 3].map((g) => `${genrm}.g${g}`);
+      // The recovery names each sibling by the attempt it goes on as (N+1).
+      const next = (ids: string[]): string[] => ids.map((id) => `${id}-a1`).sort();
+      if (level === 'turn') {
+        expect(rec.restoreId).toMatch(/^restore-[0-9a-f]{32}$/);
+        expect([...rec.continued].sort()).toEqual(next([...parked, ...cohort]));
+        expect(rec.restarted).toEqual([]);
+      } else {
+        expect(rec.continued).toEqual([]);
+        expect([...rec.restarted].sort()).toEqual(next([...parked, ...cohort, ...(level === 'prompt_group' ? [`${counter}.g0`] : [])]));
+      }
+
+      const done = await completedAttempts(name);
+      expect(done.size).toBe(8);
+      for (const [rollout, attempts] of done) {
+        // prompt_group reruns the sealed sibling with its group: its first result is superseded.
+        const expected = level === 'prompt_group' && rollout === `${counter}.g0` ? 2 : 1;
+        expect(attempts, rollout).toHaveLength(expected);
+        for (const a of attempts) expect(a.reward, a.key).not.toBeNull();
+      }
+      // The sealed sibling kept at turn and sibling: its one and only attempt is the first.
+      if (level !== 'prompt_group') expect(done.get(`${counter}.g0`)!.map((a) => a.key)).toEqual([`${counter}.g0`]);
+      // Parked siblings finish as the next attempt (turn: N+1 continued; otherwise a rerun).
+      for (const id of parked) expect(done.get(id)![0]!.key, id).toMatch(/-a\d+$/);
+      // The genrm cohort re-formed and was judged once: rewards in [0, 1], not the all-zero
+      // placeholders of a judge failure or a cohort that never assembled.
+      const judged = cohort.map((id) => done.get(id)![0]!.reward!);
+      for (const r of judged) expect(r).toBeGreaterThanOrEqual(0);
+      for (const r of judged) expect(r).toBeLessThanOrEqual(1);
+      expect(judged.some((r) => r > 0), JSON.stringify(judged)).toBe(true);
+      expect((await leftovers()).join(' | ')).toBe('');
+    }, 180_000);
+  }
+});
+
+describe('a cold restore_mode: latest start', () => {
+  it('a new run on a copied checkpoint directory takes over the newest anchor and its snapshot', async () => {
+    const first = 'e2e-cold-a';
+    const worker = startWorkerProcess(first);
+    await waitForLine(worker, /worker: polling/, 60_000);
+    const trained = {
+      grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 4, tasksets: ['counter', 'weather'] },
+      trainer: { enabled: true },
+      checkpointing: { enabled: true, save_period: 1 },
+    };
+    const cfgA = config(first, first, trained);
+    const a = await startRun(client, cfgA);
+    // Park everything after step 2's anchor and its snapshot, then lose the controller and Gym.
+    await until('step 2 with its trainer-boundary snapshot', async () => {
+      const s = await a.query(runStatus);
+      if (process.env.E2E_VERBOSE) console.log(JSON.stringify({ steps: s.steps, ck: s.checkpoints.map((c) => [c.trigger, c.outcome, c.reason, c.snapshotDir]) }));
+      return s.steps >= 2 && s.checkpoints.some((c) => c.trigger === 'trainer_boundary' && c.outcome === 'completed' && c.snapshotDir?.includes('step_2'));
+    }, 120_000);
+    await post(`${backendUrl()}/_ctl/hold`, { after_calls_per_rollout: 1 });
+    await a.terminate('e2e: the controller is lost');
+    await crashGym();
+
+    const copy = join(dir, 'cold-copy', 'checkpoints');
+    await cp(cfgA.run.checkpoint_dir, copy, { recursive: true });
+    const second = 'e2e-cold-b';
+    const w2 = startWorkerProcess(second);
+    await waitForLine(w2, /worker: polling/, 60_000);
+    const cfgB = RunConfigSchema.parse({ ...config(second, second, trained), run: { ...config(second, second).run, checkpoint_dir: copy } });
+    const summary: RunSummary = await (await startRun(client, cfgB)).result();
+
+    expect(summary.restoredFrom).not.toBeNull();
+    const from = summary.restoredFrom!;
+    expect(from.anchor).toMatch(/^step_\d+$/);
+    expect(from.step).toBeGreaterThanOrEqual(2);
+    expect(from.anchor).toBe(`step_${from.step}`);
+    expect(from.snapshotDir).toContain(join('cold-copy', 'checkpoints', from.anchor!));
+    expect(from.trainerVersion).toBe(from.step);
+    // It goes on from the anchor: the remaining steps only, and the policy version follows.
+    expect(summary.steps).toBe(4);
+    expect(summary.trainerVersion).toBe(4);
+    expect(summary.rewardPerStep).toHaveLength(4 - from.step);
+    expect(summary.failedRollouts).toBe(0);
+    expect(summary.recoveries).toHaveLength(1);
+    expect((await leftovers()).join(' | ')).toBe('');
+  }, 300_000);
+});
+
+describe('crashes of the controller side', () => {
+  it('a trainer crash (its worker SIGKILLed) comes back from its newest anchor and redoes the steps after it', async () => {
+    const name = 'e2e-trainer-crash';
+    const first = startWorkerProcess(name);
+    await waitForLine(first, /worker: polling/, 60_000);
+    const cfg = config(name, name, {
+      grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 5, tasksets: ['counter', 'weather'] },
+      trainer: { enabled: true },
+      // Anchors every 2 steps: a crash after step 3 loses a step the trainer must redo from the ledger.
+      checkpointing: { enabled: true, save_period: 2 },
+    });
+    const handle = await startRun(client, cfg);
+    await until('step 3', async () => (await handle.query(runStatus)).steps >= 3, 120_000);
+    await first.kill();
+    const second = startWorkerProcess(name);
+    const caughtUp = waitForLine(second, /trainer lost its state; replaying the batches after its anchor/, 120_000);
+    const summary: RunSummary = await handle.result();
+    await caughtUp;
+    expect(summary.steps).toBe(5);
+    // One policy version per step, none lost and none applied twice.
+    expect(summary.trainerVersion).toBe(5);
+    expect(summary.rewardPerStep).toHaveLength(5);
+    expect(summary.failedRollouts).toBe(0);
+    const done = await completedAttempts(name);
+    expect(done.size).toBe(5 * 2 * 4);
+    for (const [rollout, attempts] of done) expect(attempts, rollout).toHaveLength(1);
+    const anchors = (await import('node:fs')).readdirSync(cfg.run.checkpoint_dir).filter((n) => n.startsWith('step_')).sort();
+    expect(anchors).toEqual(['step_2', 'step_4', 'step_5']);
+  }, 240_000);
+
+  it('a Temporal dev server restarted from its database in the middle of a run: the run finishes, every rollout once', async () => {
+    const db = join(dir, 'restart', 'temporal.sqlite');
+    const port = await freePort();
+    let own = await startDevServer({ port, headless: true, dbFile: db });
+    const name = 'e2e-server-restart';
+    const worker = startWorkerProcess(name, own.address);
+    await waitForLine(worker, /worker: polling/, 60_000);
+    const conn = await Connection.connect({ address: own.address });
+    try {
+      const c = new Client({ connection: conn });
+      const cfg = config(name, name, { grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 6, tasksets: ['counter', 'weather'] } });
+      // Slow the rollouts so the restart lands while some are in flight.
+      await post(`${backendUrl()}/_ctl/hold`, { after_calls_per_rollout: 1 });
+      const handle = await startRun(c, cfg);
+      await until('rollouts in flight', async () => (await handle.query(runStatus)).inFlight >= 4, 60_000);
+      await own.stop();
+      await post(`${backendUrl()}/_ctl/release`);
+      own = await startDevServer({ port, headless: true, dbFile: db });
+      const summary: RunSummary = await handle.result();
+      expect(summary.steps).toBe(6);
+      expect(summary.completedRollouts).toBe(6 * 2 * 4);
+      expect(summary.failedRollouts).toBe(0);
+      let completed = 0;
+      for await (const wf of c.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
+        if (!wf.workflowId.startsWith(`${name}/rollout/`)) continue;
+        if (((wf.memo ?? {}) as { status?: string }).status === 'completed') completed += 1;
+      }
+      expect(completed).toBe(6 * 2 * 4);
+    } finally {
+      await worker.stop(3_000);
+      await conn.close();
+      await own.stop();
+    }
   }, 240_000);
 });

@@ -307,7 +307,7 @@ describe('parking and restored sessions (participant hooks)', () => {
     await expect(hooks.install({ records: [rec('a'), { ...rec('b'), boundary: { step: 'x' } }], scope: [], manifest })).rejects.toThrow();
     expect(c.sessions.size).toBe(0);
     expect(await hooks.install({ records: [rec('a'), rec('b')], scope: [], manifest })).toEqual(['a-a1', 'b-a1']);
-    expect(hooks.statusExtras!()).toEqual({ accepting: true, restored_pending: ['a-a1', 'b-a1'] });
+    expect(hooks.statusExtras!()).toEqual({ accepting: true, restored_pending: ['a-a1', 'b-a1'], capabilities: { supports_continuations: true } });
     await hooks.deleteRestored!([{ rollout_id: 'a', attempt: 1 }]);
     expect([...c.sessions.values()].map((s) => s.key)).toEqual(['agent-session-a']);
     // Nothing live: a restore may still replace the unclaimed ones.

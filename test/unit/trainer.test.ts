@@ -265,14 +265,15 @@ describe('trainer anchors', () => {
     expect(createHash('sha256').update(canonicalJson(body)).digest('hex')).toBe(sha256);
     expect((await fsp.readdir(path.join(ckpt, 'step_2'))).filter((n) => n.startsWith('.'))).toEqual([]);
 
-    const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT });
+    const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } });
     expect(marker.path).toBe(path.join(ckpt, 'step_2', GYM_RESTART_FALLBACK_FILE));
-    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({ base_train_step: 2, gym_topology_fingerprint: FINGERPRINT, schema_version: 1, trainer_version: 2 });
+    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({ base_train_step: 2, gym_topology_fingerprint: FINGERPRINT, ledger: { run: 'r' }, schema_version: 2, trainer_version: 2 });
     expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' })).toEqual({
-      schema_version: 1,
+      schema_version: 2,
       base_train_step: 2,
       trainer_version: 2,
       gym_topology_fingerprint: FINGERPRINT,
+      ledger: { run: 'r' },
     });
     expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' })).toBeNull();
 
@@ -386,11 +387,11 @@ describe('trainer anchors', () => {
   });
 
   it('the fallback marker needs the durable anchor of the same version first', async () => {
-    const none = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT }));
+    const none = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }));
     expect(none.type).toBe('invariant_error');
     await run(acts.trainStep, stepInput(1, await collect(1)));
     await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
-    const wrong = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT }));
+    const wrong = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }));
     expect(wrong.message).toMatch(/version 1, not 2/);
     await fsp.writeFile(path.join(ckpt, 'step_1', GYM_RESTART_FALLBACK_FILE), '{}');
     const bad = await failureOf(run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' }));

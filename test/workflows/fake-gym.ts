@@ -46,6 +46,10 @@ const TOPOLOGY: GymTopology = {
   servers: { counter_env: { kind: 'environment', url: 'http://127.0.0.1:1' }, weather_env: { kind: 'environment', url: 'http://127.0.0.1:1' } },
   fingerprint: 'f'.repeat(64),
   instances: { env: 'env-1', agent: 'agent-1' },
+  environments: {
+    counter_env: { environment: 'counter_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'exported', verify_replayable: true, group_size: null },
+    weather_env: { environment: 'weather_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'stateless', verify_replayable: true, group_size: null },
+  },
 };
 
 export class FakeGym {

@@ -44,6 +44,8 @@ export function runConfig(name: string, overrides: Sections = {}): RunConfig {
     // The trainer and its anchors have their own tests; these scenarios exercise the Gym side.
     trainer: { enabled: false },
     checkpointing: { enabled: false },
+    // A cold start reads the checkpoint directory; these scenarios start fresh.
+    rollout_checkpointing: { restore_mode: 'none' },
   };
   for (const [k, v] of Object.entries(overrides)) base[k] = { ...(base[k] ?? {}), ...(v as Record<string, unknown>) };
   return RunConfigSchema.parse(base);

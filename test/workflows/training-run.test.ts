@@ -326,6 +326,21 @@ describe('checkpoint attempts in a training run', () => {
     });
   });
 
+  it('13. a recovery setup that cannot work ends the run before any dispatch, naming the config keys', async () => {
+    const gym = new FakeGym();
+    const cfg = runConfig('bad-recovery-setup', {
+      rollout_recovery: { target_level: 'sibling', agent_target_level_overrides: { no_such_agent: 'prompt_group', agent: 'turn' } },
+    });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      const failure = await runFailure(handle);
+      expect(failure.type).toBe('invalid_recovery_setup');
+      expect(failure.message).toContain('rollout_recovery.agent_target_level_overrides.no_such_agent: agent no_such_agent was not found by Gym discovery');
+      expect(failure.message).toContain('rollout_recovery.agent_target_level_overrides.agent: override turn is finer than rollout_recovery.target_level sibling');
+      expect(gym.calls.filter((c) => c.startsWith('run:'))).toEqual([]);
+    });
+  });
+
   it('10. no dispatch while the Gym checkpoint gate is closed: finished rollouts start nothing until the checkpoint resumes', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true, holdPrepare: true };
