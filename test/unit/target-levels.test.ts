@@ -167,6 +167,8 @@ describe('target levels: §5.7 combinations that fail', () => {
     expect(() => resolveLevels(input('sibling', [genrm()], { rolloutTimeoutS: null, cohortCollectionTimeoutS: 120 }))).not.toThrow();
     expect(() => resolveLevels(input('sibling', [genrm()], { rolloutTimeoutS: null, cohortCollectionTimeoutS: { genrm_env: 120 } }))).not.toThrow();
     expect(rejection(input('sibling', [genrm()], { rolloutTimeoutS: null, cohortCollectionTimeoutS: { other_env: 120 } })).problems).toHaveLength(1);
+    // The deadline the server itself reported through discovery counts too.
+    expect(() => resolveLevels(input('sibling', [genrm({ cohort_collection_timeout_s: 1800 })], { rolloutTimeoutS: null }))).not.toThrow();
     // Ordinary environments need no deadline.
     expect(() => resolveLevels(input('turn', [env('counter_env')], { rolloutTimeoutS: null }))).not.toThrow();
   });
