@@ -64,6 +64,41 @@ export class OrderedObject extends Map<string, LosslessValue> {
   }
 }
 
+/**
+ * Lossless values (as read from a records file) → plain JSON values: big integers and
+ * LosslessNumbers become numbers, OrderedObjects plain objects. Copies only the containers on the
+ * way to a value that changes, so a value native JSON.parse produced comes back as is.
+ */
+export function toPlainJson(v: unknown): unknown {
+  if (v === null || typeof v !== 'object') return typeof v === 'bigint' ? Number(v) : v;
+  if (v instanceof LosslessNumber) return v.valueOf();
+  if (v instanceof OrderedObject) {
+    const out: Record<string, unknown> = {};
+    for (const [k, x] of v) defineKey(out, k, toPlainJson(x));
+    return out;
+  }
+  if (Array.isArray(v)) {
+    let out: unknown[] | undefined;
+    for (let i = 0; i < v.length; i++) {
+      const x = v[i] as unknown;
+      const p = toPlainJson(x);
+      if (p !== x) (out ??= v.slice())[i] = p;
+    }
+    return out ?? v;
+  }
+  const o = v as Record<string, unknown>;
+  let out: Record<string, unknown> | undefined;
+  for (const k of Object.keys(o)) {
+    const x = o[k];
+    const p = toPlainJson(x);
+    if (p === x) continue;
+    // Spread and defineKey create own data properties (a `__proto__` key stays a key).
+    out ??= { ...o };
+    defineKey(out, k, p);
+  }
+  return out ?? o;
+}
+
 export type LosslessValue =
   | null
   | boolean

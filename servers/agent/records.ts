@@ -3,7 +3,7 @@
 // into sessions at restore.
 import { z } from 'zod';
 import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
-import { LosslessNumber, OrderedObject } from '../../protocol/lossless-json.js';
+import { toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../control/hooks.js';
 import { LoopStateSchema, pinBoundary, type LoopState } from './loop-state.js';
 import { grantOf } from './seed.js';
@@ -50,19 +50,14 @@ const AgentRecordSchema = z.looseObject({
 });
 export type AgentRecord = z.infer<typeof AgentRecordSchema>;
 
-/** Lossless values read from a records file → plain JSON values. */
-function plain(v: unknown): unknown {
-  if (v instanceof LosslessNumber) return v.valueOf();
-  if (typeof v === 'bigint') return Number(v);
-  if (v instanceof OrderedObject) return plain(v.toPlain());
-  if (Array.isArray(v)) return v.map(plain);
-  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, plain(x)]));
-  return v;
-}
+/** Records already checked by `parseRecord` (validation at read, then install: parsed once). */
+const parsed = new WeakMap<CheckpointRecord, AgentRecord>();
 
 /** Parses one record; a throw names what is wrong (the plane adds the episode). */
 export function parseRecord(record: CheckpointRecord): AgentRecord {
-  const r = AgentRecordSchema.safeParse(plain(record));
+  const known = parsed.get(record);
+  if (known) return known;
+  const r = AgentRecordSchema.safeParse(toPlainJson(record));
   if (!r.success) {
     const issue = r.error.issues[0]!;
     throw new Error(`${issue.path.join('.') || 'record'}: ${issue.message}`);
@@ -71,6 +66,7 @@ export function parseRecord(record: CheckpointRecord): AgentRecord {
     throw new Error('session.completed_activation is larger than session.activations');
   }
   grantOf(r.data.session.request);
+  parsed.set(record, r.data);
   return r.data;
 }
 
@@ -87,8 +83,9 @@ export function restoredSession(r: AgentRecord): AgentSession {
   if (r.boundary) {
     const continuation = r.boundary as LoopState;
     s.continuation = continuation;
-    // Exported again as is if a checkpoint comes before the replacement claims it.
-    s.boundary = pinBoundary(structuredClone(continuation));
+    // Exported again as is if a checkpoint comes before the replacement claims it. Not copied:
+    // nothing mutates a restored continuation (activation starts from a deep copy of it).
+    s.boundary = pinBoundary(continuation);
   }
   s.restoredPending = true;
   return s;

@@ -36,18 +36,11 @@ export const EpisodeRecordSchema = z.looseObject({
   task_digest: z.string().regex(/^[0-9a-f]{64}$/, 'task_digest must be 64 lowercase hex characters'),
   boundary: StageBoundarySchema.nullable(),
 });
+export type EpisodeRecord = z.infer<typeof EpisodeRecordSchema>;
 
 /**
  * Plain JSON of a record read back by the lossless reader: numbers it kept as text (`1.0`) or as
  * bigints become numbers, order-preserving objects become plain ones. Our own records need none of
  * this; a record written by another implementation may.
  */
-export function toPlainJson(v: unknown): unknown {
-  if (v === null || typeof v !== 'object') return typeof v === 'bigint' ? Number(v) : v;
-  if (v instanceof LosslessNumber) return v.valueOf();
-  if (Array.isArray(v)) return v.map(toPlainJson);
-  const entries = v instanceof OrderedObject ? [...v.entries()] : Object.entries(v);
-  const out: Record<string, unknown> = {};
-  for (const [k, x] of entries) Object.defineProperty(out, k, { value: toPlainJson(x), enumerable: true, writable: true, configurable: true });
-  return out;
-}
+export { toPlainJson } from '../../protocol/lossless-json.js';

@@ -6,7 +6,7 @@ import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, 
 import type { ControlPlane } from '../control/control-plane.js';
 import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
-import { EpisodeRecordSchema, toPlainJson, type StageBoundary } from './boundaries.js';
+import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
 import { EpisodeSteps, type BeginOptions } from './episode-steps.js';
 
 /** A restored record kept under its replacement's capture key until that replacement begins. */
@@ -33,6 +33,8 @@ export class EnvironmentParticipant implements ParticipantHooks {
   private readonly restored = new Map<CaptureKey, RestoredEpisode>();
   /** Set by a restore: replacements, too, wait for the resume that follows it (§2.8). */
   private restoreHold = false;
+
+  private readonly parsedRecords = new WeakMap<CheckpointRecord, EpisodeRecord>();
 
   constructor(private readonly opts: EnvironmentParticipantOptions) {
     this.steps = new EpisodeSteps(() => this.plane?.notify());
@@ -140,16 +142,25 @@ export class EnvironmentParticipant implements ParticipantHooks {
   }
 
   validateRecord(record: CheckpointRecord): void {
+    this.parseRecord(record);
+  }
+
+  /** Checked at read, used at install: each record is parsed once. */
+  private parseRecord(record: CheckpointRecord): EpisodeRecord {
+    const known = this.parsedRecords.get(record);
+    if (known) return known;
     const r = EpisodeRecordSchema.safeParse(toPlainJson(record));
     if (!r.success) {
       const issue = r.error.issues[0]!;
       throw new Error(`environment record is malformed at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
     }
+    this.parsedRecords.set(record, r.data);
+    return r.data;
   }
 
   async install(req: InstallRequest): Promise<CaptureKey[]> {
     this.assertRestorable();
-    const parsed = req.records.map((r) => ({ episode: r.episode_id, record: EpisodeRecordSchema.parse(toPlainJson(r)) }));
+    const parsed = req.records.map((r) => ({ episode: r.episode_id, record: this.parseRecord(r) }));
     const installed: CaptureKey[] = [];
     for (const { episode, record } of parsed) {
       const replacement = nextAttempt(episode);

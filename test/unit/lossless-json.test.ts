@@ -11,6 +11,7 @@ import {
   parseLosslessUtf8,
   stringifyLossless,
 } from '../../protocol/lossless-json.js';
+import { toPlainJson } from '../../protocol/lossless-json.js';
 
 /** A structural description with types (number vs bigint vs LosslessNumber, plain vs ordered). */
 function tag(v: unknown): string {
@@ -253,5 +254,25 @@ describe('parseLosslessUtf8', () => {
     expect(() => parseLosslessUtf8(Buffer.from([0x22, 0xff, 0x22]))).toThrow(/UTF-8/);
     expect(() => parseLosslessUtf8(Buffer.from('{"a":1}é'))).toThrow(LosslessJsonError);
     expect(() => parseLosslessUtf8(Buffer.from('\ufeff{"a":1}'))).toThrow(LosslessJsonError);
+  });
+});
+
+describe('toPlainJson', () => {
+  it('gives back a value native JSON.parse produced without copying it', () => {
+    const v = JSON.parse('{"a":[1,{"b":"x"}],"c":null,"d":{"e":true}}') as Record<string, unknown>;
+    expect(toPlainJson(v)).toBe(v);
+  });
+
+  it('turns lossless numbers, big integers and ordered objects into plain values, copying only their containers', () => {
+    const v = parseLossless('{"keep":{"x":[1,2]},"n":1.0,"big":12345678901234567890,"arr":[{"m":1e400}],"__proto__":{"k":NaN}}') as Record<string, unknown>;
+    const p = toPlainJson(v) as Record<string, unknown>;
+    expect(p).not.toBe(v);
+    expect(p.keep).toBe(v.keep); // unchanged subtree shared
+    expect(p.n).toBe(1);
+    expect(p.big).toBe(12345678901234567890);
+    expect((p.arr as Array<Record<string, unknown>>)[0]!.m).toBe(Infinity);
+    expect(Object.getPrototypeOf(p)).toBe(Object.prototype);
+    expect(Object.prototype.hasOwnProperty.call(p, '__proto__')).toBe(true);
+    expect((Object.getOwnPropertyDescriptor(p, '__proto__')!.value as Record<string, unknown>).k).toBeNaN();
   });
 });
