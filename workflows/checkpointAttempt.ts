@@ -94,13 +94,15 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let scope: EpisodeId[] = [];
   let restarts: string[] = [];
   try {
+    // Allocation and the restart check side by side: admission is already closed. A participant
+    // that restarted fresh holds none of the episodes the controller has in flight: a snapshot now
+    // would publish a cut that continues nothing. Recover first.
     await stage('allocate');
-    location = await storage.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor });
-
-    // A participant that restarted fresh holds none of the episodes the controller has in flight:
-    // a snapshot now would publish a cut that continues nothing. Recover first.
-    await stage('check');
-    const now = await control.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel });
+    const [allocated, now] = await Promise.all([
+      storage.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
+      control.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }),
+    ]);
+    location = allocated;
     const restarted = Object.entries(input.topology.instances ?? {}).filter(([name, id]) => now.instances[name] !== id).map(([name]) => name);
     if (restarted.length > 0) {
       throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
@@ -160,11 +162,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       ledger_bytes: cut.bytes,
       created_at: new Date().toISOString(),
     };
-    await timed('publish', async () => {
-      await storage.writeSnapshotManifest({ tmpDir: location!.tmpDir, manifest });
-      await storage.validateSnapshot({ dir: location!.tmpDir, fingerprint: input.topology.fingerprint });
-      await storage.publishSnapshot({ location: location! });
-    });
+    await timed('publish', () => storage.finalizeSnapshot({ location: location!, manifest, fingerprint: input.topology.fingerprint }));
   } catch (err) {
     // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
     const reason = err instanceof AttemptFailed ? err.reason : classify(err);
@@ -179,10 +177,13 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     return finish({ outcome: 'failed', reason, error: message, abortPending, gymRestarted, scope: scope.map(captureKey), restarts });
   }
 
-  // Published: the snapshot is durable and authoritative from here on.
-  await storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined);
+  // Published: the snapshot is durable and authoritative from here on. Retention (ours: beside
+  // the release rather than before it) only deletes older snapshots: Gym need not wait for it.
   await stage('resume');
-  const released = await resumeGym(control, input, seconds);
+  const [released] = await Promise.all([
+    resumeGym(control, input, seconds),
+    storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined),
+  ]);
   return finish({
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',

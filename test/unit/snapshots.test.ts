@@ -10,6 +10,7 @@ import {
   applyRetention,
   discardSnapshot,
   latestSnapshot,
+  finalizeSnapshot,
   publishSnapshot,
   readLedger,
   validateSnapshot,
@@ -197,6 +198,25 @@ describe('discardSnapshot', () => {
     await discardSnapshot({ tmpDir: loc.tmpDir });
     expect(existsSync(loc.tmpDir)).toBe(false);
     await expectFailure(discardSnapshot({ tmpDir: loc.root }), 'invariant_error');
+  });
+});
+
+describe('finalizeSnapshot', () => {
+  it('writes the manifest, validates and publishes in one call; a retry after the rename returns the snapshot', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
+    expect(await finalizeSnapshot({ location: loc, manifest, fingerprint: FINGERPRINT })).toBe(loc.finalDir);
+    expect(await validateSnapshot({ dir: loc.finalDir, fingerprint: FINGERPRINT })).toEqual(manifest);
+    expect(await finalizeSnapshot({ location: loc, manifest, fingerprint: FINGERPRINT })).toBe(loc.finalDir);
+    expect(await fsp.readdir(loc.root)).toEqual(['snapshot_000001']);
+  });
+
+  it('publishes nothing that does not validate', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    await expectFailure(finalizeSnapshot({ location: loc, manifest, fingerprint: 'e'.repeat(64) }), 'invariant_error', /fingerprint/);
+    expect(existsSync(loc.finalDir)).toBe(false);
   });
 });
 

@@ -233,6 +233,10 @@ export class FakeGym {
         this.calls.push(`publish:${input.location.sequence}`);
         return input.location.finalDir;
       },
+      finalizeSnapshot: async (input) => {
+        this.calls.push('manifest', 'validate', `publish:${input.location.sequence}`);
+        return input.location.finalDir;
+      },
       applyRetention: async () => {
         this.calls.push('retention');
         return [];
