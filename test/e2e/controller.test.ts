@@ -113,8 +113,13 @@ describe('controller on the dev server with a real Gym', () => {
     expect(completed.length).toBeGreaterThanOrEqual(1);
     expect(completed.every((c) => c.trigger === 'periodic' && c.snapshotDir)).toBe(true);
     expect(summary.checkpoints.filter((c) => c.outcome === 'failed')).toEqual([]);
-    // one attempt workflow per rollout, each completed once
-    const rollouts = await rolloutWorkflows(cfg.run.name);
+    // one attempt workflow per rollout, each completed once (a child reports before its own
+    // completion is recorded: give the last ones a moment to close)
+    let rollouts = await rolloutWorkflows(cfg.run.name);
+    for (let i = 0; i < 100 && [...rollouts.values()].some((st) => st.includes('RUNNING')); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      rollouts = await rolloutWorkflows(cfg.run.name);
+    }
     expect(rollouts.size).toBe(expected);
     for (const [key, statuses] of rollouts) expect(statuses, key).toEqual(['COMPLETED']);
     // the metrics file holds one line per attempt with stage seconds
