@@ -2,6 +2,7 @@
 // Final cleanup runs them newest-first, each at most once successfully, all within one timeout,
 // and is shielded from the episode's cancellation (it gets its own signal, never the episode's).
 // A callback that failed stays pending, so a later registration that closes it retries it once.
+import { untilAborted } from '../common/abort.js';
 
 export type CleanupCallback = (signal: AbortSignal) => Promise<void>;
 
@@ -33,7 +34,7 @@ export class CleanupHandle {
     for (;;) {
       const running = this.entry.running;
       if (running) {
-        await raceAbort(running.catch(() => undefined), bound);
+        await untilAborted(running.catch(() => undefined), bound);
         continue;
       }
       if (!this.entry.active) return;
@@ -42,7 +43,7 @@ export class CleanupHandle {
       });
       this.entry.running = run;
       try {
-        return await raceAbort(run, bound);
+        return await untilAborted(run, bound);
       } finally {
         if (this.entry.running === run) {
           // A callback cut off by its signal may still settle later; it no longer holds the entry.
@@ -83,22 +84,4 @@ export class CleanupStack {
       }
     }
   }
-}
-
-function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    work.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (err: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(err);
-      },
-    );
-  });
 }

@@ -20,6 +20,7 @@ import { constrainedDecoding, FINGERPRINT_VERSION, normalizeMessage, requestCont
 import type { AdmittedCall, GenerationCall, GenerationGate, ReplyTokens, ResponseStart } from './gate.js';
 import { responseIdOf, tokensOfCompletion, weightVersionOf } from './reply-tokens.js';
 import { stagingKeyOf, writeStagedTokens, TOKEN_STORE_FORMAT } from './token-store.js';
+import { untilAborted } from '../common/abort.js';
 
 export interface ModelParticipantOptions {
   /** This server's name (the inventory's `server_name`). */
@@ -692,20 +693,3 @@ async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T)
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
 }
 
-function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    work.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (err) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(err);
-      },
-    );
-  });
-}

@@ -29,6 +29,7 @@ import type { Task } from '../../../protocol/tasks.js';
 import type { Endpoints } from '../../../servers/common/deployment.js';
 import { decide, initialWeights } from '../../../servers/inference/policy.js';
 import { downDeployment, killDeployment, restartDeployment, upDeployment } from '../../../servers/launcher/launcher.js';
+import type { CallRecord } from '../../../servers/inference/call-log.js';
 
 export const TOKEN = 'gym-e2e-token';
 const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
@@ -103,17 +104,8 @@ export async function http(method: 'GET' | 'POST', url: string, body?: unknown, 
 
 // --- the inference backend -------------------------------------------------------------------
 
-export interface CallRecord {
-  index: number;
-  capture_key: string;
-  rollout_id: string;
-  attempt: number;
-  n_messages: number;
-  situation: string;
-  action: string;
-  returned?: boolean;
-  abandoned?: boolean;
-}
+/** The backend's call log entry (`GET /_ctl/calls`). */
+export type { CallRecord } from '../../../servers/inference/call-log.js';
 
 /** The test controls of the tiny-policy backend (`/_ctl/*`). */
 export class Backend {

@@ -26,6 +26,7 @@ import { initialWeights, type PolicyWeights } from '../../../servers/inference/p
 import { downDeployment, killDeployment, restartDeployment, upDeployment } from '../../../servers/launcher/launcher.js';
 import { ledgerPath } from '../../../servers/model/capture-ledger.js';
 import { tokensDir } from '../../../servers/model/token-store.js';
+import type { CallRecord } from '../../../servers/inference/call-log.js';
 
 export const TOKEN = 'model-e2e-token';
 const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
@@ -99,20 +100,8 @@ export interface GymOptions {
   tokenDelayMs?: number;
 }
 
-export interface CallRecord {
-  index: number;
-  capture_key: string;
-  rollout_id: string;
-  attempt: number;
-  n_messages: number;
-  decoded_tokens: number;
-  model_call_id?: string;
-  admission?: Record<string, any>;
-  continued_from?: string;
-  reused_prefix_tokens?: number;
-  returned?: boolean;
-  abandoned?: boolean;
-}
+/** The backend's call log entry (`GET /_ctl/calls`). */
+export type { CallRecord } from '../../../servers/inference/call-log.js';
 
 export class Backend {
   constructor(readonly url: string) {}
