@@ -17,23 +17,13 @@
 //
 // The participant is driven in-process through its gate (the calls a proxy would make), and the
 // control plane directly: this measures the participant and its files, not HTTP.
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { captureKey, type EpisodeId } from '../protocol/ids.js';
 import type { ChatMessage } from '../protocol/openai.js';
-import { taskOf } from '../activities/dataset.js';
-import { ControlPlane } from '../servers/control/control-plane.js';
-import type { CheckpointRecord } from '../servers/control/hooks.js';
-import { writeRecords } from '../servers/control/storage.js';
 import { decide, initialWeights } from '../servers/inference/policy.js';
 import { completionBody, fakeTokenIds, promptTextOf } from '../servers/inference/reply.js';
 import type { AdmittedCall } from '../servers/model/gate.js';
-import { ModelParticipant } from '../servers/model/participant.js';
-import { writeStagedTokens, TOKEN_STORE_FORMAT, stagingKeyOf } from '../servers/model/token-store.js';
-import { CaptureLedger } from '../servers/model/capture-ledger.js';
+import type { ModelParticipant } from '../servers/model/participant.js';
+import { deadline, forEachLimit, importCase, m0, newParticipant, removeTempDirs, settleDisk, tempDir, timed } from './lib/model-participant.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 
 function arg(name: string, fallback: number): number {
@@ -48,21 +38,11 @@ const INFLIGHT = arg('inflight', 8000);
 const IMPORT = arg('import', 16000);
 const REPEAT = Math.max(1, arg('repeat', 1));
 
-const dirs: string[] = [];
-function tempDir(prefix: string): string {
-  const d = mkdtempSync(path.join(os.tmpdir(), prefix));
-  dirs.push(d);
-  return d;
-}
-
-const deadline = (s = 600): number => Date.now() / 1000 + s;
 const never = new AbortController().signal;
 
 // --- realistic calls: a counter episode, its first and second model call ------------------------
 
-const task = taskOf({ taskset: 'counter', start: 1, target: 5 }, 'counter-bench');
 const weights = initialWeights();
-const m0 = task.task_input.responses_create_params.input as ChatMessage[];
 const tools = [
   { type: 'function', function: { name: 'increment_counter', parameters: { type: 'object', properties: { count: { type: 'integer' } } } } },
   { type: 'function', function: { name: 'get_counter_value', parameters: { type: 'object', properties: {} } } },
@@ -81,38 +61,8 @@ function secondTurn(rolloutId: string, first: Record<string, any>): ChatMessage[
     : [...m0, { role: 'assistant', content: msg.content }, { role: 'user', content: `continue ${rolloutId}` }];
 }
 
-async function newParticipant(captureDir: string): Promise<{ participant: ModelParticipant; plane: ControlPlane }> {
-  const participant = await ModelParticipant.create({ serverName: 'policy_model', captureDir, generationCuts: false, backendRoot: 'http://127.0.0.1:9' });
-  const plane = new ControlPlane({ instance: 'policy_model', hooks: participant.hooks });
-  participant.attach(plane);
-  return { participant, plane };
-}
-
 async function call(p: ModelParticipant, key: string, e: EpisodeId, messages: ChatMessage[]): Promise<AdmittedCall> {
   return p.admit({ key, episode: e, route: '/v1/chat/completions', body: { model: 'policy', messages, tools }, signal: never });
-}
-
-/** Runs `fn` over items with bounded concurrency. */
-async function forEachLimit<T>(items: readonly T[], limit: number, fn: (x: T) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, async () => {
-    while (next < items.length) await fn(items[next++]!);
-  }));
-}
-
-/** Flushes dirty pages (best effort): a restore does not normally follow right after writing 10^5 files. */
-function settleDisk(): void {
-  try {
-    execFileSync('sync', { stdio: 'ignore' });
-  } catch {
-    /* no sync(1): measure as is */
-  }
-}
-
-async function timed<T>(fn: () => Promise<T>): Promise<[T, number]> {
-  const t0 = performance.now();
-  const v = await fn();
-  return [v, (performance.now() - t0) / 1000];
 }
 
 // --- case: in-flight calls --------------------------------------------------------------------------
@@ -185,67 +135,6 @@ async function inflightCase(n: number): Promise<Record<string, number>> {
   };
 }
 
-// --- case: ledger import ------------------------------------------------------------------------------
-
-async function importCase(m: number): Promise<Record<string, number>> {
-  const captureDir = tempDir('bench-import-capture-');
-  const ckptDir = tempDir('bench-import-ckpt-');
-  const episodes = Array.from({ length: m }, (_, i) => ({ rollout_id: `imp-${i}`, attempt: 0 }));
-  // What the dead execution left, and the records its checkpoint holds: two calls per episode.
-  const ledger = await CaptureLedger.open(captureDir);
-  const records: CheckpointRecord[] = [];
-  await forEachLimit(episodes, 64, async (e) => {
-    const key = captureKey(e);
-    const rows = [];
-    let parent: string | null = null;
-    for (let j = 0; j < 2; j++) {
-      const id = `mc_${e.rollout_id}_${j}`;
-      const row = {
-        model_call_id: id,
-        parent_call_id: parent,
-        staging_key: stagingKeyOf(key, id),
-        weight_version: 0,
-        fingerprint: 'f'.repeat(64),
-        fingerprint_version: 1,
-        context_len: 2 + 2 * j,
-        context_digest: 'c'.repeat(64),
-        digest: 'd'.repeat(64),
-        output_fingerprint: 'o'.repeat(64),
-        mode: 'text',
-        logical_request_id: 'a'.repeat(32),
-        admitted_at: 1767225600.25 + j,
-        response_id: `chatcmpl-${j}`,
-      };
-      rows.push(row);
-      parent = id;
-      await ledger.append(key, row);
-      await writeStagedTokens(captureDir, {
-        format: TOKEN_STORE_FORMAT,
-        staging_key: row.staging_key,
-        capture_key: key,
-        model_call_id: id,
-        weight_version: 0,
-        prompt_token_ids: fakeTokenIds(promptTextOf(m0)),
-        completion_token_ids: [12, 34, 56],
-        completion_logprobs: [-0.5, 0, 0],
-        finish_reason: 'tool_calls',
-        complete: true,
-      });
-    }
-    records.push({ episode_id: e, rows, generation_cuts: [] });
-  });
-  await writeRecords({ checkpointDir: ckptDir, kind: 'model', instance: 'policy_model', checkpointId: 'bench-import', records });
-  const fresh = await newParticipant(captureDir);
-  settleDisk();
-  const [restored, restoreS] = await timed(() =>
-    fresh.plane.restore({ checkpoint_id: 'bench-import-restore', deadline_ts: deadline(), checkpoint_dir: ckptDir, episode_ids: episodes }),
-  );
-  const [, settleS] = await timed(() => fresh.participant.settled());
-  fresh.plane.close();
-  if (restored.restored.length !== m) throw new Error(`imported ${restored.restored.length} of ${m}`);
-  return { episodes: m, rows: 2 * m, import_s: restoreS, import_background_s: settleS };
-}
-
 // --- main -------------------------------------------------------------------------------------------
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -302,5 +191,5 @@ main()
     process.exitCode = 1;
   })
   .finally(() => {
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    removeTempDirs();
   });

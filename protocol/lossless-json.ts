@@ -329,7 +329,7 @@ export function stringifyLossless(value: unknown): string {
  * the same invalid text): no NaN/Infinity tokens, no array-index keys, and every number token
  * a safe integer or printed back identically by `renderNumber`. Strings are skipped unread.
  */
-function nativeIsLossless(s: string): boolean {
+export function nativeIsLossless(s: string): boolean {
   const n = s.length;
   let i = 0;
   while (i < n) {
@@ -1206,8 +1206,8 @@ const ASCIIFY_MAX_LINE = 16 << 20;
 let decodeKernels: Kernels | null | undefined;
 let decodeMem: Buffer | undefined;
 
-/** JSON text of a UTF-8 line as a JS string, as cheaply as its content allows. */
-function jsonTextOfUtf8(bytes: Buffer): string {
+/** UTF-8 JSON text (a line, or LF-separated lines) as a JS string, as cheaply as its content allows. */
+export function jsonTextOfUtf8(bytes: Buffer): string {
   if (isAscii(bytes)) return bytes.toString('latin1');
   if (!isUtf8(bytes)) throw new LosslessJsonError('invalid JSON: not UTF-8');
   const n = bytes.length;

@@ -457,6 +457,7 @@ export class ControlPlane {
           instance: this.instance,
           scope: scopeKeys,
           validate: (r) => this.hooks.validateRecord?.(r as CheckpointRecord),
+          defer: this.hooks.deferredRecordField,
         }),
         req.deadline_ts,
         'reading the checkpoint',

@@ -64,6 +64,11 @@ export interface ParticipantHooks {
   assertRestorable(): void;
   /** Validate one in-scope record before install (a throw names the episode). */
   validateRecord?(record: CheckpointRecord): void;
+  /**
+   * A record field restore hands to `install` unparsed (`DeferredJson`): its lines are parsed and
+   * checked on worker threads, the objects built on first use (storage.ts `defer`).
+   */
+  readonly deferredRecordField?: string;
   /** Install records under attempt N+1; returns the replacement capture keys installed. */
   install(req: InstallRequest): Promise<CaptureKey[]>;
   /**

@@ -4,13 +4,17 @@
 import { createHash, randomBytes, type Hash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { ProtocolError, refuse } from '../../protocol/errors.js';
 import { captureKey, isSafePathComponent, isValidRolloutId, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
-import { JsonLineEncoder, LosslessJsonError, LosslessNumber, parseLossless, parseLosslessUtf8, stringifyLossless } from '../../protocol/lossless-json.js';
+import { JsonLineEncoder, LosslessJsonError, LosslessNumber, jsonTextOfUtf8, parseLossless, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type Manifest } from '../../protocol/manifest.js';
 import { Mutex } from './mutex.js';
+import type { ScanChunk, ScanReply, ScanRequest } from './records-worker.js';
+import { DeferredJson } from '../../protocol/deferred-json.js';
+import { decodeEpisodeId, isPlainObject } from './record-episode.js';
 
 /** One stored record: its episode first, then kind-specific fields (§9.4). */
 export interface StoredRecord {
@@ -47,6 +51,12 @@ export interface ReadRecordsOptions {
   scope: ReadonlySet<CaptureKey> | null;
   /** Checks one in-scope record before it is kept; a throw fails the read naming the episode. */
   validate?: (record: StoredRecord) => unknown;
+  /**
+   * A top-level field (the large one: a session's state) to hand out unparsed, as `DeferredJson`.
+   * Every line is still parsed and checked before the read returns, on a worker thread; only the
+   * objects are built later, on first use. Where no worker runs, the read is the eager one.
+   */
+  defer?: string;
 }
 
 export interface ReadRecordsResult {
@@ -434,6 +444,19 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       throw err;
     }
     const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
+    if (opts.defer !== undefined) {
+      const workers = await RecordsWorkers.get();
+      if (workers?.alive) {
+        let size: number;
+        try {
+          size = (await fh.stat()).size;
+        } finally {
+          await fh.close().catch(() => {});
+        }
+        const sha256 = await workers.read(file, size, opts.scope, opts.defer, lines);
+        return verified(manifest, sha256, lines, where);
+      }
+    }
     let hasher: Sha256 | undefined;
     let pending: Promise<Buffer> | undefined;
     try {
@@ -468,16 +491,263 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       if (pending) await pending.catch(() => {});
       await fh.close().catch(() => {});
     }
-    const sha256 = await hasher.digest();
-    if (sha256 !== manifest.records_sha256) {
-      throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
-    }
-    if (lines.count !== manifest.record_count) {
-      throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${lines.count} records, manifest says ${manifest.record_count}`);
-    }
-    return { manifest, records: lines.kept };
+    return verified(manifest, await hasher.digest(), lines, where);
   } catch (err) {
     throw storageError(err, `reading the records of ${where}`);
+  }
+}
+
+/** §9.6 step 4: digest and count, then the kept records. */
+function verified(manifest: Manifest, sha256: string, lines: RecordLines, where: string): ReadRecordsResult {
+  if (sha256 !== manifest.records_sha256) {
+    throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
+  }
+  if (lines.count !== manifest.record_count) {
+    throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${lines.count} records, manifest says ${manifest.record_count}`);
+  }
+  return { manifest, records: lines.kept };
+}
+
+// --- deferred read: the records worker -------------------------------------------------------
+
+/** Chunks the worker reads and sends (whole lines; grows for a longer line). */
+const SCAN_CHUNK_BYTES = 8 << 20;
+
+/**
+ * The worker runs TypeScript modules (records-worker.ts and what it imports), so it registers
+ * tsx first, as every process of this project runs under it.
+ */
+const RECORDS_WORKER_SOURCE = `
+const { parentPort } = require('node:worker_threads');
+(async () => {
+  const { register } = await import(${JSON.stringify(tsxApiSpecifier())});
+  register();
+  await import(${JSON.stringify(new URL('./records-worker.ts', import.meta.url).href)});
+  parentPort.postMessage({ ready: true });
+})().catch((err) => parentPort.postMessage({ failed: String((err && err.stack) || err) }));
+`;
+
+/** tsx's register API, resolved from here: an eval'd worker resolves bare names from the cwd. */
+function tsxApiSpecifier(): string {
+  try {
+    return import.meta.resolve('tsx/esm/api');
+  } catch {
+    return 'tsx/esm/api';
+  }
+}
+
+type ScanHandler = (m: ScanReply) => void;
+
+/** One records worker thread. */
+class RecordsWorker {
+  readonly handlers = new Map<number, ScanHandler>();
+  dead: Error | undefined;
+
+  constructor(readonly worker: Worker) {}
+
+  die(err: Error): void {
+    this.dead ??= err;
+    for (const [id, h] of this.handlers) h({ id, error: err.message });
+    this.handlers.clear();
+  }
+
+  scan(req: ScanRequest, onReply: ScanHandler): void {
+    if (this.dead) {
+      onReply({ id: req.id, error: this.dead.message });
+      return;
+    }
+    this.handlers.set(req.id, (m) => {
+      if ('error' in m || 'done' in m) {
+        this.handlers.delete(req.id);
+        if (this.handlers.size === 0) this.worker.unref();
+      }
+      onReply(m);
+    });
+    this.worker.ref();
+    this.worker.postMessage(req);
+  }
+}
+
+/** Records workers: one per core (up to 4), started together on first use, unref'd when idle. */
+class RecordsWorkers {
+  private static starting: Promise<RecordsWorkers | undefined> | undefined;
+  private seq = 0;
+
+  private constructor(private readonly workers: RecordsWorker[]) {}
+
+  static get(): Promise<RecordsWorkers | undefined> {
+    RecordsWorkers.starting ??= RecordsWorkers.start();
+    return RecordsWorkers.starting;
+  }
+
+  private static async start(): Promise<RecordsWorkers | undefined> {
+    const n = Math.max(1, Math.min(4, os.availableParallelism()));
+    const started = await Promise.all(Array.from({ length: n }, () => startRecordsWorker()));
+    const ok = started.filter((w): w is RecordsWorker => w !== undefined);
+    if (ok.length < n) {
+      for (const w of ok) void w.worker.terminate();
+      RecordsWorkers.starting = undefined; // the next read tries again
+      return undefined;
+    }
+    return new RecordsWorkers(ok);
+  }
+
+  get alive(): boolean {
+    return this.workers.every((w) => !w.dead);
+  }
+
+  /**
+   * Scans `file` in one range per worker; applies the chunks to `lines` in file order (a later
+   * range's chunks wait for the earlier ranges), hashing them on the way; resolves with the digest.
+   */
+  async read(file: string, size: number, scope: ReadonlySet<CaptureKey> | null, field: string, lines: RecordLines): Promise<string> {
+    const bounds = await lineBounds(file, size, size < 2 * SCAN_CHUNK_BYTES ? 1 : this.workers.length);
+    const cancel = new SharedArrayBuffer(4);
+    const scopeList = scope ? [...scope] : null;
+    const hash = createHash('sha256');
+    const ranges = bounds.slice(1).map(() => ({ queue: [] as ScanReply[], done: false }));
+    let current = 0;
+    let base = 0; // lines in the ranges before `current`
+    let seen = 0; // lines applied so far
+    return new Promise<string>((resolve, reject) => {
+      let settled = false;
+      const finish = (err: unknown, digest?: string) => {
+        if (settled) return;
+        settled = true;
+        if (err === undefined) resolve(digest!);
+        else {
+          Atomics.store(new Int32Array(cancel), 0, 1);
+          reject(err);
+        }
+      };
+      const apply = (m: ScanReply): boolean => {
+        if ('error' in m) {
+          finish(Object.assign(new Error(m.error), { code: m.code }));
+          return false;
+        }
+        if ('done' in m) {
+          base = seen;
+          return true;
+        }
+        const bytes = Buffer.from(m.bytes, 0, m.length);
+        hash.update(bytes);
+        takeChunk(bytes, m, base, field, lines);
+        seen += m.lines;
+        lines.count = seen;
+        return true;
+      };
+      const drain = () => {
+        try {
+          while (!settled && current < ranges.length) {
+            const r = ranges[current]!;
+            while (r.queue.length > 0) if (!apply(r.queue.shift()!)) return;
+            if (!r.done) return;
+            current++;
+          }
+          if (!settled) finish(undefined, hash.digest('hex'));
+        } catch (err) {
+          finish(err);
+        }
+      };
+      ranges.forEach((r, i) => {
+        const id = ++this.seq;
+        const req: ScanRequest = { id, file, start: bounds[i]!, end: bounds[i + 1]!, scope: scopeList, field, chunkBytes: SCAN_CHUNK_BYTES, cancel };
+        this.workers[i]!.scan(req, (m) => {
+          if ('error' in m || 'done' in m) r.done = true;
+          r.queue.push(m);
+          if (i === current) drain();
+        });
+      });
+    });
+  }
+}
+
+let lastWorkerFailure: string | undefined;
+
+function startRecordsWorker(): Promise<RecordsWorker | undefined> {
+  return new Promise((resolve) => {
+    let worker: Worker;
+    try {
+      worker = new Worker(RECORDS_WORKER_SOURCE, { eval: true });
+    } catch {
+      resolve(undefined);
+      return;
+    }
+    const self = new RecordsWorker(worker);
+    const fail = (why: string) => {
+      lastWorkerFailure = why;
+      self.die(new Error(`records worker: ${why}`));
+      resolve(undefined);
+    };
+    worker.on('message', (m: ScanReply | { ready: true } | { failed: string }) => {
+      if ('ready' in m) {
+        if (self.handlers.size === 0) worker.unref(); // ref'd while starting: an awaited start keeps the process up
+        resolve(self);
+      } else if ('failed' in m) {
+        void worker.terminate();
+        fail(m.failed);
+      } else self.handlers.get(m.id)?.(m);
+    });
+    worker.on('error', (err) => fail(err.message));
+    worker.on('exit', (code) => fail(`exited with code ${code}`));
+  });
+}
+
+/** Offsets splitting `file` into `parts` ranges of whole lines: [0, …, size]. */
+async function lineBounds(file: string, size: number, parts: number): Promise<number[]> {
+  const bounds = [0];
+  if (parts > 1) {
+    const fh = await fsp.open(file, 'r');
+    try {
+      const window = Buffer.allocUnsafe(1 << 20);
+      for (let k = 1; k < parts; k++) {
+        // The first LF at or after the k-th share ends that range (a line longer than the share: fewer ranges).
+        let at = Math.max(bounds[bounds.length - 1]!, Math.floor((size * k) / parts));
+        let cut = -1;
+        while (cut < 0 && at < size) {
+          const { bytesRead } = await fh.read(window, 0, window.length, at);
+          if (bytesRead === 0) break;
+          const nl = window.subarray(0, bytesRead).indexOf(10);
+          if (nl >= 0) cut = at + nl + 1;
+          else at += bytesRead;
+        }
+        if (cut < 0 || cut >= size) break;
+        if (cut > bounds[bounds.length - 1]!) bounds.push(cut);
+      }
+    } finally {
+      await fh.close();
+    }
+  }
+  bounds.push(size);
+  return bounds;
+}
+
+/** Starts the records workers ahead of a restore (their start-up, ~0.3 s, is then not in the restore). */
+export function prewarmRecordsWorkers(): void {
+  void RecordsWorkers.get();
+}
+
+/** Applies one scanned chunk: worker-proved lines become records with a deferred field; the rest are parsed here. */
+function takeChunk(bytes: Buffer, chunk: ScanChunk, base: number, field: string, lines: RecordLines): void {
+  const noted = chunk.noted;
+  let keptBytes = 0;
+  for (let i = 0; i < noted.length; i += 4) if (noted[i + 3]! >= 0) keptBytes += noted[i + 2]! - noted[i + 1]!;
+  // Views keep the whole chunk alive: copy the lines out when they are the smaller part of it.
+  const copy = keptBytes * 2 < bytes.length;
+  for (let i = 0; i < noted.length; i += 4) {
+    const n = base + noted[i]!;
+    const line = bytes.subarray(noted[i + 1]!, noted[i + 2]!);
+    const env = noted[i + 3]!;
+    if (env < 0) {
+      lines.takeLine(n, line);
+      continue;
+    }
+    const record = JSON.parse(chunk.envelopes[env]!) as StoredRecord;
+    const ep = decodeEpisodeId(record.episode_id)!; // the worker checked it
+    record.episode_id = ep;
+    (record as Record<string, unknown>)[field] = new DeferredJson(copy ? Buffer.from(line) : line, field);
+    lines.count = n;
+    lines.keep(record, captureKey(ep));
   }
 }
 
@@ -508,9 +778,9 @@ class RecordLines {
         this.partial.push(chunk.subarray(start, nl));
         const line = Buffer.concat(this.partial);
         this.partial = [];
-        this.line(line, 0, line.length);
+        this.lineBytes(line);
       } else {
-        this.line(chunk, start, nl);
+        this.lineBytes(chunk.subarray(start, nl));
       }
       start = nl + 1;
     }
@@ -523,14 +793,24 @@ class RecordLines {
     if (this.partial.length === 0) return;
     const line = Buffer.concat(this.partial);
     this.partial = [];
-    this.line(line, 0, line.length);
+    this.lineBytes(line);
   }
 
-  private line(buf: Buffer, start: number, end: number): void {
+  private lineBytes(bytes: Buffer): void {
+    let text: string;
+    try {
+      text = jsonTextOfUtf8(bytes);
+    } catch (err) {
+      throw refuse('invalid_checkpoint_state', `line ${this.count + 1} of ${this.file} is not JSON: ${(err as Error).message}`);
+    }
+    this.lineText(text);
+  }
+
+  private lineText(text: string): void {
     const n = ++this.count;
     let value: unknown;
     try {
-      value = parseLosslessUtf8(buf.subarray(start, end));
+      value = parseLossless(text);
     } catch (err) {
       throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} is not JSON: ${(err as Error).message}`);
     }
@@ -540,6 +820,17 @@ class RecordLines {
     if (this.scope && !this.scope.has(key)) return;
     const record = value as StoredRecord;
     record.episode_id = ep;
+    this.keep(record, key);
+  }
+
+  /** Line `n` as the deferred reader's worker left it to us: parsed here, errors named here. */
+  takeLine(n: number, bytes: Buffer): void {
+    this.count = n - 1;
+    this.lineBytes(bytes);
+  }
+
+  /** An in-scope record: validated, then kept. */
+  keep(record: StoredRecord, key: CaptureKey): void {
     if (this.validate) {
       try {
         this.validate(record);
@@ -714,27 +1005,6 @@ class Sha256 {
 }
 
 // --- helpers --------------------------------------------------------------------------------
-
-function isPlainObject(v: unknown): v is Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
-  const proto: unknown = Object.getPrototypeOf(v);
-  return proto === Object.prototype || proto === null;
-}
-
-/** A stored `episode_id` (§2.3 object form, `attempt` optional, no other keys). */
-function decodeEpisodeId(v: unknown): EpisodeId | undefined {
-  if (!isPlainObject(v)) return undefined;
-  let n = 0;
-  for (const k in v) {
-    if (k !== 'rollout_id' && k !== 'attempt') return undefined;
-    n++;
-  }
-  const rollout = v.rollout_id;
-  if (typeof rollout !== 'string' || !isValidRolloutId(rollout)) return undefined;
-  const attempt = v.attempt === undefined ? 0 : v.attempt;
-  if (typeof attempt !== 'number' || !Number.isSafeInteger(attempt) || attempt < 0) return undefined;
-  return n > 0 ? { rollout_id: rollout, attempt } : undefined;
-}
 
 /** A short rendering of a bad field for an error detail. */
 function describeValue(v: unknown): string {

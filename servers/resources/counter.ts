@@ -2,6 +2,7 @@
 // is the `exported` example. Without a restore of its state a replacement attempt increments a
 // fresh counter and cannot reach `expected_count`.
 import { z } from 'zod';
+import { materialized } from '../../protocol/deferred-json.js';
 import { refuse } from '../../protocol/errors.js';
 import type { ServerModule } from '../common/server-context.js';
 import { buildResourcesServer, checkpointOptionFields, parseBody, seedReply, taskField, type SessionStateHooks } from './base.js';
@@ -19,10 +20,14 @@ export function counterStateHooks(counters: Map<string, number>): SessionStateHo
     exportSessionStates(ids) {
       return new Map(ids.map((id) => [id, { count: counters.get(id) ?? 0 }]));
     },
+    // Restored states arrive unparsed (checked on the records workers); a counter is tiny, so
+    // each is read and validated here, before any is installed.
+    deferredStates: true,
     restoreSessionStates(states) {
       // Validate every state before installing any.
       const parsed = new Map<string, number>();
-      for (const [id, state] of states) {
+      for (const [id, deferredState] of states) {
+        const state = materialized(deferredState);
         const count = state && typeof state === 'object' ? (state as { count?: unknown }).count : undefined;
         if (typeof count !== 'number' || !Number.isSafeInteger(count)) {
           throw new Error(`state of session '${id}' needs an integer count, got ${JSON.stringify(state)}`);

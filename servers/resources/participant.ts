@@ -4,6 +4,8 @@
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { AdmissionGate } from '../control/admission-gate.js';
+import { prewarmRecordsWorkers } from '../control/storage.js';
+import { materialized } from '../../protocol/deferred-json.js';
 import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 
 export const CHECKPOINT_MODES = ['stateless', 'exported', 'restart_only'] as const;
@@ -19,8 +21,13 @@ export const CLOSE_PATH = '/close_session';
 export interface SessionStateHooks {
   /** id → JSON state; an id missing from the result counts as already dropped (not a failure). */
   exportSessionStates(sessionIds: readonly string[]): Promise<ReadonlyMap<string, unknown>> | ReadonlyMap<string, unknown>;
-  /** Validate every state first, then install all; a throw installs nothing. */
+  /**
+   * Validate every state first, then install all; a throw installs nothing. With
+   * `deferredStates` the values are `DeferredJson` (already checked to be JSON): a server whose
+   * states are large keeps them unparsed until a session is used (`materialized(v)` then).
+   */
   restoreSessionStates(states: ReadonlyMap<string, unknown>): Promise<void> | void;
+  readonly deferredStates?: boolean;
   /** Free one session's state; must tolerate repeats (a retried retire calls it again). */
   retireSessionState(sessionId: string): Promise<void> | void;
 }
@@ -96,10 +103,16 @@ export class ResourcesParticipant implements ParticipantHooks {
   private readonly groupScored: GroupScoring | undefined;
   private waiters: Array<() => void> = [];
 
+  readonly deferredRecordField: string | undefined;
+
   constructor(opts: ResourcesParticipantOptions) {
     this.mode = opts.mode;
     this.verify = opts.verify;
     this.stateHooks = opts.stateHooks;
+    if (this.mode === 'exported' && this.stateHooks?.deferredStates) {
+      this.deferredRecordField = 'state';
+      prewarmRecordsWorkers();
+    }
     this.groupScored = opts.groupScored;
     this.log = opts.log ?? (() => undefined);
     if (this.mode === 'exported' && !this.stateHooks) {
@@ -330,10 +343,11 @@ export class ResourcesParticipant implements ParticipantHooks {
       throw refuse('checkpoint_error', `a ${this.mode} resources server exports no session state; refusing ${req.records.length} record(s)`);
     }
     const states = new Map<string, unknown>();
+    const deferred = this.stateHooks!.deferredStates === true;
     for (const r of req.records) {
       const id = r.session_id as string;
       if (states.has(id)) throw refuse('invalid_checkpoint_state', `session '${id}' appears in more than one record`);
-      states.set(id, r.state);
+      states.set(id, deferred ? r.state : materialized(r.state));
     }
     try {
       await this.stateHooks!.restoreSessionStates(states);

@@ -9,7 +9,9 @@ import type { FastifyInstance } from 'fastify';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../../servers/common/config-error.js';
 import { SESSION_COOKIE, verifySession } from '../../servers/common/session-cookie.js';
+import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { resourcesParticipantOf } from '../../servers/resources/base.js';
+import { ResourcesParticipant } from '../../servers/resources/participant.js';
 import * as counterMod from '../../servers/resources/counter.js';
 import * as genrmMod from '../../servers/resources/genrm-compare.js';
 import * as weatherMod from '../../servers/resources/weather.js';
@@ -478,5 +480,31 @@ describe('end of a session', () => {
     await b.post('/ng-rollout/r2/seed_session', nativeSeed('s2', 'r2'));
     await b.post('/ng-rollout/r2/verify', { city: 'SF', response: { output: [] } }, { 'x-ng-checkpoint-close-follows': 'yes' });
     expect((await status(app)).report.counts.sessions).toBe(0);
+  });
+});
+
+describe('restored session states, deferred or parsed', () => {
+  const line = Buffer.from('{"episode_id":{"rollout_id":"r1","attempt":0},"session_id":"s1","state":{"count":2}}');
+  it.each([false, true])('deferredStates %s: the hooks get DeferredJson only when they take it', async (deferredStates) => {
+    const got = new Map<string, unknown>();
+    const p = new ResourcesParticipant({
+      mode: 'exported',
+      verify: 'wait',
+      stateHooks: {
+        deferredStates,
+        exportSessionStates: () => new Map(),
+        restoreSessionStates: (states) => {
+          for (const [k, v] of states) got.set(k, v);
+        },
+        retireSessionState: () => undefined,
+      },
+    });
+    expect(p.deferredRecordField).toBe(deferredStates ? 'state' : undefined);
+    const record = { episode_id: { rollout_id: 'r1', attempt: 0 }, session_id: 's1', state: new DeferredJson(line, 'state') };
+    const manifest = { schema_version: 1, kind: 'resources', instance: 'x', checkpoint_id: 'c', records_file: 'records.jsonl', records_sha256: '0'.repeat(64), record_count: 1 } as const;
+    expect(await p.install({ records: [record], scope: [record.episode_id], manifest })).toEqual(['r1-a1']);
+    const state = got.get('s1');
+    if (deferredStates) expect(state).toBeInstanceOf(DeferredJson);
+    expect(materialized(state)).toEqual({ count: 2 });
   });
 });

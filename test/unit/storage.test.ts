@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { ProtocolError } from '../../protocol/errors.js';
+import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE } from '../../protocol/manifest.js';
 import { participantDir, readRecords, startRecordsWrite, writeRecords, type StoredRecord } from '../../servers/control/storage.js';
@@ -52,8 +53,11 @@ async function write(records: Iterable<object> | AsyncIterable<object>, extra: P
   return writeRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, checkpointId: 'ckpt-1', records, ...extra });
 }
 
+/** The field `read` defers (the corrupt-state cases run eager and deferred). */
+let deferField: string | undefined;
+
 async function read(scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown, checkpointDir = ckpt) {
-  return readRecords({ checkpointDir, kind: KIND, instance: INSTANCE, scope, validate });
+  return readRecords({ checkpointDir, kind: KIND, instance: INSTANCE, scope, validate, defer: deferField });
 }
 
 /** Rejects with invalid_checkpoint_state; returns the detail. */
@@ -266,8 +270,14 @@ describe('writeRecords / readRecords', () => {
   });
 });
 
-describe('readRecords refuses every corrupt state (§9.7)', () => {
+describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refuses every corrupt state (§9.7)', (_mode, field) => {
   const good = '{"episode_id":{"rollout_id":"a","attempt":0},"x":1}\n';
+  beforeEach(() => {
+    deferField = field;
+  });
+  afterEach(() => {
+    deferField = undefined;
+  });
 
   it('manifest missing', async () => {
     expect(await refusal(read())).toMatch(/no manifest\.json/);
@@ -351,5 +361,60 @@ describe('readRecords refuses every corrupt state (§9.7)', () => {
     expect(detail).toMatch(/x must be a string/);
     // Out of scope: never validated.
     expect((await read(new Set(['other']), () => { throw new Error('no'); })).records).toEqual([]);
+  });
+});
+
+describe('readRecords with a deferred field', () => {
+  const deferred = (scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown) =>
+    readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary' });
+  const plain = (records: StoredRecord[]) => records.map((r) => stringifyLossless({ ...r, boundary: materialized(r.boundary) }));
+
+  it('gives the eager read\'s records, the field unparsed until read; lines native JSON would misread are parsed eagerly', async () => {
+    const records = [...sampleRecords(), { episode_id: { rollout_id: 'task4-roll0', attempt: 0 }, task_digest: 'd'.repeat(64), boundary: { text: 'é東😀\n"q"', n: [1, 2.5, -0.25] } }];
+    await write(records);
+    const eager = await read();
+    const seen: unknown[] = [];
+    const lazy = await deferred(null, (r) => seen.push(r.boundary));
+    const pending = lazy.records.map((r) => (r.boundary instanceof DeferredJson ? r.boundary.pendingBytes : 0));
+    expect(pending[3]).toBeGreaterThan(0);
+    expect(plain(lazy.records)).toEqual(plain(eager.records));
+    // big integer / -Infinity / 1.0 and an out-of-order index key: parsed here, not deferred
+    expect(lazy.records[0]!.boundary).not.toBeInstanceOf(DeferredJson);
+    expect(lazy.records[1]!.boundary).toBeInstanceOf(OrderedObject);
+    // validate sees the deferred value; null and objects are deferred alike
+    expect(seen[2]).toBeInstanceOf(DeferredJson);
+    const d = lazy.records[3]!.boundary as DeferredJson;
+    expect(d).toBeInstanceOf(DeferredJson);
+    expect(d.value()).toEqual({ text: 'é東😀\n"q"', n: [1, 2.5, -0.25] });
+    expect(d.pendingBytes).toBe(0);
+    expect(materialized(lazy.records[2]!.boundary)).toBeNull();
+    // written back as its value, by either writer
+    expect(JSON.parse(JSON.stringify(lazy.records[3]))).toEqual(JSON.parse(JSON.stringify(eager.records[3])));
+    const again = await writeRecords({ checkpointDir: path.join(root, 'again'), kind: KIND, instance: INSTANCE, checkpointId: 'ckpt-1', records: lazy.records });
+    expect(again.records_sha256).not.toBe(''); // key order of a deferred record: the field last
+  });
+
+  it('reads a file split across workers in file order: scope, line numbers and errors as the eager read', async () => {
+    const text = 'données — "q" '.repeat(5_000); // ~75 KB per record, non-ASCII
+    const records = Array.from({ length: 400 }, (_, i) => ({ episode_id: { rollout_id: `r${i}`, attempt: 1 }, boundary: { i, text } }));
+    await write(records); // ~30 MB: more than one range
+    const scope = new Set(records.filter((_, i) => i % 3 === 0).map((r) => `${r.episode_id.rollout_id}-a1`));
+    const lazy = await deferred(scope);
+    expect(lazy.records.every((r) => r.boundary instanceof DeferredJson)).toBe(true);
+    expect(lazy.records.map((r) => (materialized(r.boundary) as { i: number }).i)).toEqual(records.map((_, i) => i).filter((i) => i % 3 === 0));
+    expect((materialized(lazy.records[10]!.boundary) as { text: string }).text).toBe(text);
+    const all = await deferred(null);
+    expect(all.records).toHaveLength(400);
+
+    // A bad line late in the file (in the last range) is named by its file-wide number.
+    const dir = dirOf();
+    const file = path.join(dir, readdirSync(dir).find((f) => f.startsWith('records-'))!);
+    const bytes = readFileSync(file);
+    const lines = bytes.toString().split('\n');
+    lines[390] = '{"episode_id":{"rollout_id":"r390","attempt":1},"boundary":oops}';
+    const broken = Buffer.from(lines.join('\n'));
+    rmSync(ckpt, { recursive: true, force: true });
+    handWritten(broken);
+    expect(await refusal(deferred())).toMatch(/line 391 .* is not JSON/);
   });
 });
