@@ -10,6 +10,7 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { z } from 'zod';
+import { isPackedJson, unpackJson } from '../protocol/packed-json.js';
 import { FAILURE_TYPES, type SnapshotLocation, type SnapshotManifest } from '../protocol/controller.js';
 import { isProtocolError } from '../protocol/errors.js';
 import { CaptureKeySchema, CheckpointIdSchema } from '../protocol/ids.js';
@@ -197,13 +198,15 @@ export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<Sn
 
 export interface WriteLedgerCutInput {
   tmpDir: string;
+  /** The run's ledger; packed by the run (an activity input is one payload, ≤ 2 MiB). Written as plain JSON. */
   ledger: unknown;
 }
 
 /** Writes `ledger.json` (fsynced) and returns what the manifest records about it. */
 export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha256: string; bytes: number }> {
   requireTmpDir(input.tmpDir, 'writeLedgerCut');
-  const text = input.ledger === undefined ? undefined : JSON.stringify(input.ledger);
+  const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
+  const text = ledger === undefined ? undefined : JSON.stringify(ledger);
   if (text === undefined) throw invariantFailure('the ledger cut is not JSON');
   const data = Buffer.from(text, 'utf8');
   return storage(`writing the ledger cut into ${input.tmpDir}`, async () => {

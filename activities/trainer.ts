@@ -21,6 +21,7 @@ import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { request } from 'undici';
 import { z } from 'zod';
+import { isPackedJson, unpackJson, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
 import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
@@ -481,8 +482,8 @@ export interface WriteGymRestartFallbackInput {
   step: number;
   trainerVersion: number;
   topologyFingerprint: string;
-  /** The run's ledger (JSON) as the anchor was written. */
-  ledger: Record<string, unknown>;
+  /** The run's ledger (JSON) as the anchor was written; packed by the run (a payload is ≤ 2 MiB). */
+  ledger: Record<string, unknown> | PackedJson;
 }
 
 export interface GymRestartFallback {
@@ -671,7 +672,8 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     );
   }
 
-  async function writeGymRestartFallback(input: WriteGymRestartFallbackInput): Promise<{ path: string }> {
+  async function writeGymRestartFallback(packedInput: WriteGymRestartFallbackInput): Promise<{ path: string }> {
+    const input = { ...packedInput, ledger: isPackedJson(packedInput.ledger) ? unpackJson(packedInput.ledger) : packedInput.ledger };
     const { checkpointDir, step, trainerVersion, topologyFingerprint, ledger } = parseInput(
       z.strictObject({
         checkpointDir: z.string().min(1),

@@ -64,16 +64,21 @@ async function runOnce(rollouts: number): Promise<Row> {
   let dispatchedAt = 0;
   for (;;) {
     // The run may be too busy starting children to answer a query at once: try again.
-    const s = await handle.query(runStatus).catch(() => undefined);
+    let queryError: unknown;
+    const s = await handle.query(runStatus).catch((err: unknown) => void (queryError = err));
     const count = (await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number };
+    // Checked first: a run that never answers (e.g. its workflow task fails on every attempt) must not hang the bench.
+    if (Date.now() - t0 > 900_000) {
+      throw new Error(`only ${s ? s.inFlight : '?'} in flight, ${count.count} calls after 15 min${s ? '' : ` (the run does not answer queries: ${String(queryError)})`}`);
+    }
     if (!s) {
+      if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: no answer to the status query, ${count.count} model calls`);
       await new Promise((r) => setTimeout(r, 1000));
       continue;
     }
     if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
     if (s.inFlight >= rollouts && count.count >= rollouts) break;
     if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
-    if (Date.now() - t0 > 900_000) throw new Error(`only ${s.inFlight} in flight, ${count.count} calls after 15 min`);
     await new Promise((r) => setTimeout(r, 1000));
   }
   const parkedAt = Date.now();

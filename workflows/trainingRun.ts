@@ -27,6 +27,7 @@ import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js'
 import * as D from './deadlines.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
+import { isPackedJson, packJson, unpackJson, type PackedJson } from '../protocol/packed-json.js';
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type EnvironmentLevel } from './target-levels.js';
 import {
   checkpointCommitted,
@@ -118,8 +119,58 @@ export interface RecoveryRecord {
 
 export interface TrainingRunInput {
   config: RunConfig;
-  state?: RunState;
+  /** Carried across continue-as-new: packed (see `packRunState`); a plain state is accepted too. */
+  state?: RunState | PackedJson;
 }
+
+/** The compact form of `RunState.inFlight`: one row per attempt, derivable fields left out. */
+type PackedInFlight = Array<
+  | [rolloutId: string, attempt: number, environment: string, deadlineSignalled: boolean]
+  | [rolloutId: string, attempt: number, environment: string, deadlineSignalled: boolean, key: string, groupId: string, workflowId: string]
+>;
+
+function groupIdOf(rolloutId: string): string {
+  return rolloutId.slice(0, rolloutId.lastIndexOf('.g'));
+}
+
+/**
+ * The run state as continue-as-new carries it. The input is a single payload, limited to 2 MiB
+ * (a larger one fails the workflow task on every retry: the run would replay its whole history
+ * forever without progress). Plain JSON costs ~530 bytes per rollout in flight (over the limit at
+ * ~4,000); packed, with the in-flight entries reduced to what the ledger and IDs do not already
+ * say, it is ~130 bytes.
+ */
+export function packRunState(st: RunState, run: string): PackedJson {
+  const inFlight: PackedInFlight = Object.entries(st.inFlight).map(([key, f]) => {
+    const e = f.episode;
+    const derived = captureKey(e) === key && f.groupId === groupIdOf(e.rollout_id) && f.workflowId === rolloutWorkflowId(run, e);
+    return derived
+      ? [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled]
+      : [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled, key, f.groupId, f.workflowId];
+  });
+  return packJson({ ...st, inFlight });
+}
+
+export function unpackRunState(p: PackedJson, run: string): RunState {
+  const raw = unpackJson<Omit<RunState, 'inFlight'> & { inFlight: PackedInFlight }>(p);
+  const inFlight: Record<CaptureKey, InFlight> = {};
+  for (const row of raw.inFlight) {
+    const [rollout_id, attempt, environment, deadlineSignalled] = row;
+    const episode: EpisodeId = { rollout_id, attempt };
+    const key = row.length === 7 ? row[4] : captureKey(episode);
+    inFlight[key] = {
+      episode,
+      groupId: row.length === 7 ? row[5] : groupIdOf(rollout_id),
+      environment,
+      workflowId: row.length === 7 ? row[6] : rolloutWorkflowId(run, episode),
+      deadlineSignalled,
+    };
+  }
+  return { ...raw, inFlight };
+}
+
+/** Continue-as-new input above this (bytes of JSON) is not sent: the run keeps its history instead. */
+const MAX_CARRIED_STATE_BYTES = 1_500_000;
 
 export interface RunSummary {
   run: string;
@@ -180,7 +231,7 @@ export function initialState(config: RunConfig): RunState {
 
 export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> {
   const cfg = input.config;
-  const st = input.state ?? initialState(cfg);
+  const st = input.state === undefined ? initialState(cfg) : isPackedJson(input.state) ? unpackRunState(input.state, cfg.run.name) : input.state;
   const runId = workflowInfo().workflowId;
   const control = controlActivities(cfg.run.task_queue);
   const storage = storageActivities(cfg.run.task_queue);
@@ -199,6 +250,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   let manualServed = 0;
   const manualOutcomes: Record<number, CheckpointOutcome> = {};
   let fatal: ApplicationFailure | undefined;
+  /** History length before which continue-as-new is not tried again (the state was too large). */
+  let carryRetryAt = 0;
 
   setHandler(rolloutFinished, (r) => {
     st.reports.push(r);
@@ -408,7 +461,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       step,
       trainerVersion: st.trainerVersion,
       topologyFingerprint: st.topology?.fingerprint ?? '',
-      ledger: st.ledger as unknown as Record<string, unknown>,
+      ledger: packJson(st.ledger),
     });
     st.lastAnchorStep = step;
     // The batches before the anchor are in it now.
@@ -665,7 +718,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         cfg.controller.late_result_wait_ms,
       );
       applyReports();
-      const cut = await storage.writeLedgerCut({ tmpDir: req.tmpDir, ledger: st.ledger });
+      const cut = await storage.writeLedgerCut({ tmpDir: req.tmpDir, ledger: packJson(st.ledger) });
       await handle.signal(ledgerCutWritten, {
         checkpointId,
         sha256: cut.sha256,
@@ -986,9 +1039,20 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     const info = workflowInfo();
     if (!checkpointRunning && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
       await condition(allHandlersFinished);
-      if (!checkpointRunning && manualRequested === manualServed) {
+      if (!checkpointRunning && manualRequested === manualServed && info.historyLength >= carryRetryAt) {
         st.continuedAsNew += 1;
-        await continueAsNew<typeof trainingRun>({ config: cfg, state: st });
+        const state = packRunState(st, cfg.run.name);
+        const bytes = JSON.stringify(state).length;
+        if (bytes <= MAX_CARRIED_STATE_BYTES) await continueAsNew<typeof trainingRun>({ config: cfg, state });
+        // Over the payload limit the continue-as-new would fail its workflow task forever: keep
+        // running on this history (hard limits: 51,200 events / 50 MiB), try again later.
+        st.continuedAsNew -= 1;
+        carryRetryAt = info.historyLength + 1_000;
+        log.error('run state too large to continue as new; continuing on the current history', {
+          bytes,
+          limit: MAX_CARRIED_STATE_BYTES,
+          inFlight: Object.keys(st.inFlight).length,
+        });
       }
     }
     const timeouts = [D.nextExpiryMs(st.deadlines, Date.now()), nextCheckpointMs()].filter((x): x is number => x !== undefined);

@@ -19,6 +19,7 @@ import {
 } from '../../activities/snapshots.js';
 import { topologyFingerprint } from '../../activities/gym.js';
 import type { GymParticipantCommit, SnapshotLocation, SnapshotManifest } from '../../protocol/controller.js';
+import { packJson } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage.js';
 
 let dir: string;
@@ -132,6 +133,16 @@ describe('writeLedgerCut / writeSnapshotManifest', () => {
     expect(JSON.parse(text)).toEqual(manifest);
     // No temporary files left behind.
     expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['gym', 'ledger.json', 'manifest.json']);
+  });
+
+  it('takes the ledger packed (as the run sends it) and writes the same plain JSON', async () => {
+    const ledger = { b: 1, a: [2, { x: 'y' }], c: null };
+    const plain = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const packed = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const a = await writeLedgerCut({ tmpDir: plain.tmpDir, ledger });
+    const b = await writeLedgerCut({ tmpDir: packed.tmpDir, ledger: packJson(ledger) });
+    expect(b).toEqual(a);
+    expect(await fsp.readFile(path.join(packed.tmpDir, 'ledger.json'), 'utf8')).toBe(JSON.stringify(ledger));
   });
 
   it('refuses a manifest of the wrong shape and a directory that is not a temp snapshot', async () => {

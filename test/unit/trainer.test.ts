@@ -2,6 +2,7 @@
 // 127.0.0.1: a step trains from the call log and refits the backend, anchors round-trip, a lost
 // trainer reports `trainer_behind` and re-sent batches reproduce the lost steps exactly, corrupt
 // anchors are skipped, a retried step is idempotent. Plus the trajectory assembly from the call log.
+import { packJson } from '../../protocol/packed-json.js';
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
@@ -265,7 +266,8 @@ describe('trainer anchors', () => {
     expect(createHash('sha256').update(canonicalJson(body)).digest('hex')).toBe(sha256);
     expect((await fsp.readdir(path.join(ckpt, 'step_2'))).filter((n) => n.startsWith('.'))).toEqual([]);
 
-    const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } });
+    // The run sends its ledger packed; the marker holds it plain.
+    const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: packJson({ run: 'r' }) });
     expect(marker.path).toBe(path.join(ckpt, 'step_2', GYM_RESTART_FALLBACK_FILE));
     expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({ base_train_step: 2, gym_topology_fingerprint: FINGERPRINT, ledger: { run: 'r' }, schema_version: 2, trainer_version: 2 });
     expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' })).toEqual({

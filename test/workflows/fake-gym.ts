@@ -5,6 +5,7 @@
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Activities } from '../../activities/index.js';
+import { isPackedJson, unpackJson } from '../../protocol/packed-json.js';
 import type {
   CheckpointOutcome,
   GymCommitOutcome,
@@ -219,8 +220,9 @@ export class FakeGym {
       },
       writeLedgerCut: async (input) => {
         this.calls.push('ledger-cut');
-        this.ledgerCuts.push(input.ledger);
-        return { sha256: 'a'.repeat(64), bytes: JSON.stringify(input.ledger).length };
+        const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
+        this.ledgerCuts.push(ledger);
+        return { sha256: 'a'.repeat(64), bytes: JSON.stringify(ledger).length };
       },
       writeSnapshotManifest: async () => {
         this.calls.push('manifest');
