@@ -36,6 +36,7 @@ import { startRun } from '../scripts/run.js';
 import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { createControllerWorkers } from '../worker.js';
+import { onExit } from './lib/cleanup.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { Backend, TOKEN, gymYaml } from './scale.js';
 
@@ -111,6 +112,7 @@ async function main(): Promise<void> {
   // Worker state changes and the like are not part of the report.
   Runtime.install({ logger: new DefaultLogger('WARN') });
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  const stopServer = onExit('the Temporal dev server', () => server.stop());
   const workers = await createControllerWorkers({ address: server.address, controlToken: TOKEN, taskQueue: 'ckptcost', rolloutTaskQueue: 'ckptcost-run' });
   const running = workers.run();
   const connection = await Connection.connect({ address: server.address });
@@ -128,6 +130,7 @@ async function main(): Promise<void> {
 
   for (const [i, variant] of order.entries()) {
     const runDir = join(dir, `gym-${i}`);
+    const stopGym = onExit('the Gym deployment', () => downDeployment(runDir));
     const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
     const backend = new Backend(up.endpoints.policy_backend!.url);
     // The trainer lives in this process (the worker's memory), keyed by run: start it fresh.
@@ -203,7 +206,7 @@ async function main(): Promise<void> {
       }
     }
     console.log(`  ${variant}: ${summary.completedRollouts} rollouts, ${tokens} tokens in ${round3(wall)} s, ${outcomes.length} snapshots`);
-    await downDeployment(runDir);
+    await stopGym();
   }
 
   const rate = (v: Variant): number => median(runs.filter((r) => r.checkpointing === v).map((r) => Number(r.tokens_per_s)));
@@ -239,7 +242,7 @@ async function main(): Promise<void> {
   await workers.shutdown();
   await running;
   await closeActivityPools();
-  await server.stop();
+  await stopServer();
   await rm(dir, { recursive: true, force: true });
   if (problems.length) {
     console.error(`checkpoint-cost: ${problems.length} problems:\n  ${problems.slice(0, 20).join('\n  ')}`);

@@ -38,6 +38,7 @@ import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { rolloutIdOf } from '../workflows/ledger.js';
 import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
 import { createControllerWorkers } from '../worker.js';
+import { onExit } from './lib/cleanup.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, newRunPool, postJson, type Reply } from './scale.js';
 
@@ -240,8 +241,10 @@ async function main(): Promise<void> {
   // Worker state changes and the like are not part of the report.
   Runtime.install({ logger: new DefaultLogger('WARN') });
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  const stopServer = onExit('the Temporal dev server', () => server.stop());
   const tokenDelayMs = Number(values['token-delay-ms']);
   await writeFile(join(dir, 'gym.yaml'), gymYaml({ tokenDelayMs }));
+  const stopGym = onExit('the Gym deployment', () => downDeployment(runDir));
   const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
   const endpoints = up.endpoints;
   const backend = new Backend(endpoints.policy_backend!.url);
@@ -392,8 +395,8 @@ async function main(): Promise<void> {
   await workers.shutdown();
   await running;
   await closeActivityPools();
-  await downDeployment(runDir);
-  await server.stop();
+  await stopGym();
+  await stopServer();
   await rm(dir, { recursive: true, force: true });
   if (problems.length) {
     console.error(`controller-overhead: ${problems.length} problems:\n  ${problems.slice(0, 20).join('\n  ')}`);

@@ -15,6 +15,7 @@ import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher
 import { closeActivityPools } from '../activities/index.js';
 import { createControllerWorkers } from '../worker.js';
 import { checkpointNow, runStatus } from '../workflows/messages.js';
+import { onExit } from './lib/cleanup.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 
 const TOKEN = 'bench-controller-scale';
@@ -37,13 +38,23 @@ async function post(url: string, body: unknown): Promise<void> {
 async function runOnce(rollouts: number): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${rollouts}-`));
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  const stopServer = onExit('the Temporal dev server', () => server.stop());
   await writeFile(join(dir, 'gym.yaml'), GYM);
+  const stopGym = onExit('the Gym deployment', () => downDeployment(join(dir, 'gym')));
   await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' } });
   const endpoints = readEndpoints(join(dir, 'gym'));
   const backend = endpoints.policy_backend!.url;
   // Every rollout parks at its first model call (the agent waits at the boundary before it).
   await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 0 });
-  const workers = await createControllerWorkers({ address: server.address, controlToken: TOKEN, taskQueue: 'scale', rolloutTaskQueue: 'scale-run' });
+  // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
+  // leave the rest unstarted (and the bench waiting for their model calls forever).
+  const workers = await createControllerWorkers({
+    address: server.address,
+    controlToken: TOKEN,
+    taskQueue: 'scale',
+    rolloutTaskQueue: 'scale-run',
+    maxConcurrentRollouts: rollouts + 100,
+  });
   const running = workers.run();
   const connection = await Connection.connect({ address: server.address });
   const client = new Client({ connection });
@@ -110,8 +121,8 @@ async function runOnce(rollouts: number): Promise<Row> {
   await workers.shutdown();
   await running;
   await closeActivityPools();
-  await downDeployment(join(dir, 'gym'));
-  await server.stop();
+  await stopGym();
+  await stopServer();
   await rm(dir, { recursive: true, force: true });
   return row;
 }
