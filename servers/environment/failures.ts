@@ -50,6 +50,11 @@ const RETRYABLE_CODES = new Set([
   'UND_ERR_CLOSED',
   'UND_ERR_RES_CONTENT_LENGTH_MISMATCH',
   'UND_ERR_REQ_CONTENT_LENGTH_MISMATCH',
+  // A connection this process could not open for want of descriptors or ports: local and
+  // passing (seen at 8,000 episodes in one process), not the episode's fault.
+  'EMFILE',
+  'ENFILE',
+  'EADDRNOTAVAIL',
 ]);
 
 /** `terminal: false` for HTTP 408/425/429/≥500, connection, payload and timeout errors. */

@@ -162,6 +162,11 @@ describe('terminal flag', () => {
     for (const status of [400, 404, 409, 422]) expect(isRetryableDependencyError(new PeerHttpError('u', status, ''))).toBe(false);
     expect(isRetryableDependencyError(Object.assign(new Error('x'), { code: 'ECONNREFUSED' }))).toBe(true);
     expect(isRetryableDependencyError(new TypeError('fetch failed', { cause: Object.assign(new Error('y'), { code: 'UND_ERR_SOCKET' }) }))).toBe(true);
+    // Out of descriptors or ports while connecting: a connection error, retryable.
+    for (const code of ['EMFILE', 'ENFILE', 'EADDRNOTAVAIL']) {
+      expect(isRetryableDependencyError(new TypeError('fetch failed', { cause: Object.assign(new Error(`connect ${code} 127.0.0.1:1`), { code }) }))).toBe(true);
+    }
+    expect(isRetryableDependencyError(Object.assign(new Error('no'), { code: 'EACCES' }))).toBe(false);
     expect(isRetryableDependencyError(new Error('Agent seed returned a different agent_session_id'))).toBe(false);
   });
 });
