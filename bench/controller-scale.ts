@@ -114,6 +114,8 @@ async function runOnce(rollouts: number): Promise<Row> {
     admission_closed_s: round3(outcome.seconds.admission_closed_seconds ?? 0),
     finish_s: round3((finishedAt - parkedAt) / 1000),
     completed: summary.completedRollouts,
+    // Failed attempts (each retried as the next attempt, within the attempt budget).
+    failed_attempts: summary.failedRollouts,
     history_events: Number(info.historyLength),
     continued_as_new: summary.continuedAsNew,
   };
