@@ -90,6 +90,11 @@ export function rolloutIdOf(groupId: string, generationIndex: number): string {
   return `${groupId}.g${generationIndex}`;
 }
 
+/** The group a rollout ID belongs to (the inverse of `rolloutIdOf`). */
+export function groupIdOfRollout(rolloutId: string): string {
+  return rolloutId.slice(0, rolloutId.lastIndexOf('.g'));
+}
+
 export interface ReserveInput {
   group_id: string;
   prompt_id: string;

@@ -129,10 +129,6 @@ type PackedInFlight = Array<
   | [rolloutId: string, attempt: number, environment: string, deadlineSignalled: boolean, key: string, groupId: string, workflowId: string]
 >;
 
-function groupIdOf(rolloutId: string): string {
-  return rolloutId.slice(0, rolloutId.lastIndexOf('.g'));
-}
-
 /**
  * The run state as continue-as-new carries it. The input is a single payload, limited to 2 MiB
  * (a larger one fails the workflow task on every retry: the run would replay its whole history
@@ -143,7 +139,7 @@ function groupIdOf(rolloutId: string): string {
 export function packRunState(st: RunState, run: string): PackedJson {
   const inFlight: PackedInFlight = Object.entries(st.inFlight).map(([key, f]) => {
     const e = f.episode;
-    const derived = captureKey(e) === key && f.groupId === groupIdOf(e.rollout_id) && f.workflowId === rolloutWorkflowId(run, e);
+    const derived = captureKey(e) === key && f.groupId === L.groupIdOfRollout(e.rollout_id) && f.workflowId === rolloutWorkflowId(run, e);
     return derived
       ? [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled]
       : [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled, key, f.groupId, f.workflowId];
@@ -160,7 +156,7 @@ export function unpackRunState(p: PackedJson, run: string): RunState {
     const key = row.length === 7 ? row[4] : captureKey(episode);
     inFlight[key] = {
       episode,
-      groupId: row.length === 7 ? row[5] : groupIdOf(rollout_id),
+      groupId: row.length === 7 ? row[5] : L.groupIdOfRollout(rollout_id),
       environment,
       workflowId: row.length === 7 ? row[6] : rolloutWorkflowId(run, episode),
       deadlineSignalled,

@@ -52,7 +52,7 @@ if (port) {
   });
 }
 
-export function scan(req: ScanRequest, send: (m: ScanReply, transfer?: ArrayBuffer[]) => void): void {
+function scan(req: ScanRequest, send: (m: ScanReply, transfer?: ArrayBuffer[]) => void): void {
   const cancel = new Int32Array(req.cancel);
   const scope = req.scope ? new Set(req.scope) : null;
   const fd = openSync(req.file, 'r');

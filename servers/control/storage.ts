@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { ProtocolError, refuse } from '../../protocol/errors.js';
-import { captureKey, isSafePathComponent, isValidRolloutId, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
+import { captureKey, isSafePathComponent, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError, LosslessNumber, jsonTextOfUtf8, parseLossless, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type Manifest } from '../../protocol/manifest.js';
 import { Mutex } from './mutex.js';
@@ -585,6 +585,7 @@ class RecordsWorkers {
     const started = await Promise.all(Array.from({ length: n }, () => startRecordsWorker()));
     const ok = started.filter((w): w is RecordsWorker => w !== undefined);
     if (ok.length < n) {
+      process.emitWarning(`records workers did not start (${lastWorkerFailure ?? 'unknown reason'}): restores parse every record on the main thread`);
       for (const w of ok) void w.worker.terminate();
       RecordsWorkers.starting = undefined; // the next read tries again
       return undefined;
