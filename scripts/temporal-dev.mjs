@@ -4,7 +4,7 @@
 // Importable (startDevServer, freePort) and runnable: `node scripts/temporal-dev.mjs [--port N]
 // [--ui-port N] [--db FILE | --in-memory] [--headless] [--namespace NS] [--log-level L]`.
 import { spawn } from 'node:child_process';
-import { closeSync, mkdirSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, fstatSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { connect as tcpConnect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -86,6 +86,15 @@ function readTail(file, maxChars = 4000) {
   }
 }
 
+/** What the file holds from byte offset on (this start's part of an appended log). */
+function readFrom(file, offset) {
+  try {
+    return readFileSync(file).subarray(offset).toString('utf8');
+  } catch {
+    return '';
+  }
+}
+
 /** One gRPC round trip: connect, then the namespace must exist. Returns the open connection. */
 async function tryConnect(address, namespace) {
   const connection = Connection.lazy({ address, connectTimeout: '2s' });
@@ -118,6 +127,24 @@ async function ensureSearchAttributes(connection, namespace, wanted) {
  * @returns {Promise<import('./temporal-dev.d.mts').DevServer>}
  */
 export async function startDevServer(options = {}) {
+  // The CLI picks its HTTP API, metrics and internal service ports itself, from ports free at
+  // that moment, before anything binds: a pick can land on a port taken a moment later (ours
+  // included, when a server restarts on its old port). Such a start fails with "address already
+  // in use"; a new start picks again.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startDevServerOnce(options);
+    } catch (err) {
+      if (!(err instanceof PortRaceError) || attempt >= 3) throw err;
+      process.emitWarning(`temporal server start-dev lost a port race, starting again (attempt ${attempt + 1})`);
+    }
+  }
+}
+
+/** A start that failed because a port the CLI picked for itself was taken before it bound it. */
+class PortRaceError extends Error {}
+
+async function startDevServerOnce(options) {
   const {
     port = 7233,
     uiPort = 8233,
@@ -142,7 +169,12 @@ export async function startDevServer(options = {}) {
     }
   }
 
-  const args = ['server', 'start-dev', '--ip', '127.0.0.1', '--port', String(port), '--log-level', logLevel];
+  // Our own pick for the HTTP API, never the gRPC or UI port (the CLI's random pick can be either
+  // when they are not bound yet, e.g. a restart on the old port).
+  let httpPort;
+  do httpPort = await freePort();
+  while (httpPort === port || httpPort === uiPort);
+  const args = ['server', 'start-dev', '--ip', '127.0.0.1', '--port', String(port), '--http-port', String(httpPort), '--log-level', logLevel];
   if (headless) args.push('--headless');
   else args.push('--ui-port', String(uiPort), '--ui-disable-news-fetch');
   if (namespace !== 'default') args.push('--namespace', namespace);
@@ -158,9 +190,11 @@ export async function startDevServer(options = {}) {
 
   // Output goes to a file, not a pipe: a server left running (keepRunning) must outlive us.
   let fd;
+  let logStart = 0;
   if (output === 'file') {
     mkdirSync(dirname(logFile), { recursive: true });
     fd = openSync(logFile, 'a');
+    logStart = fstatSync(fd).size;
   }
   const child = spawn(cli, args, {
     cwd: projectRoot,
@@ -258,7 +292,9 @@ export async function startDevServer(options = {}) {
   } catch (err) {
     await server.stop();
     const log = server.logFile ? readTail(server.logFile) : '';
-    throw new Error(`${err.message}\ncommand: ${cli} ${args.join(' ')}${log ? `\nlast server output (${server.logFile}):\n${log}` : ''}`);
+    const ownLog = server.logFile ? readFrom(server.logFile, logStart) : '';
+    const raced = exitInfo && /bind: address already in use/.test(ownLog) && (await isPortFree(port));
+    throw new (raced ? PortRaceError : Error)(`${err.message}\ncommand: ${cli} ${args.join(' ')}${log ? `\nlast server output (${server.logFile}):\n${log}` : ''}`);
   }
 }
 
