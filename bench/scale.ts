@@ -302,6 +302,11 @@ export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<num
   return out;
 }
 
+/** CPU seconds per server between two `gymCpuSeconds` readings. */
+function cpuDelta(before: Record<string, number>, after: Record<string, number>): Record<string, number> {
+  return Object.fromEntries(Object.entries(after).map(([name, s]) => [name, s - (before[name] ?? 0)]));
+}
+
 /** CPU seconds of every server process (group) of a Gym run dir, by server name. */
 export async function gymCpuSeconds(runDir: string): Promise<Record<string, number>> {
   const state = readRunState(runDir);
@@ -563,9 +568,11 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const finishedBefore = new Set(runs.filter((r) => r.settledAt !== undefined).map((r) => captureKey(r.planned.episode)));
     const inFlight = runs.filter((r) => r.settledAt === undefined).map((r) => r.planned.episode);
     const scope = continuedScope(prepared, inFlight);
+    const cpuBeforeCommit = await gymCpuSeconds(runDir);
     const t2 = performance.now();
     const commitReplies = await commit(dep, { checkpointId: id, deadlineTs: deadlineIn(600), checkpointDir, scope });
     const t3 = performance.now();
+    const commitCpu = cpuDelta(cpuBeforeCommit, await gymCpuSeconds(runDir));
     const exported = committedEnvironmentKeys(dep, commitReplies);
     const t4 = performance.now();
     await resume(dep, { checkpointId: id, deadlineTs: deadlineIn(600) });
@@ -609,11 +616,13 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const restoreScope = scope.filter((e) => exportedSet.has(captureKey(e)));
     const mono = (): number => Number(process.hrtime.bigint() / 1000n);
     const windows: Record<string, [number, number]> = {};
+    const cpuBeforeRestore = await gymCpuSeconds(runDir);
     const w0 = mono();
     const r0 = performance.now();
     const restored = await restore(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600), checkpointDir, scope: restoreScope });
     const r1 = performance.now();
     windows.restore = [w0, mono()];
+    const restoreCpu = cpuDelta(cpuBeforeRestore, await gymCpuSeconds(runDir));
     await resume(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600) });
     const r2 = performance.now();
     o.log(`  restore ${t(r1 - r0)} s, resume ${t(r2 - r1)} s`);
@@ -710,6 +719,9 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         resume_s: round3(timer.of('resume', m.url) ?? NaN),
         restore_s: round3(timer.of('restore:restore', m.url) ?? NaN),
         restore_resume_s: round3(timer.of('restore:resume', m.url) ?? NaN),
+        // CPU the server's process group used while the stage ran (all servers share the cores).
+        commit_cpu_s: round3(commitCpu[m.name] ?? NaN),
+        restore_cpu_s: round3(restoreCpu[m.name] ?? NaN),
         records: man?.record_count ?? null,
         counts: prep ? Object.entries(prep.report.counts).map(([k, v]) => `${k}=${v}`).join(' ') : '',
       };

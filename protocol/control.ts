@@ -5,8 +5,8 @@ import { z } from 'zod';
 import {
   CaptureKeySchema,
   CheckpointIdSchema,
-  EpisodeIdSchema,
   KindSchema,
+  episodeIdList,
   captureKey,
   type CaptureKey,
   type EpisodeId,
@@ -36,17 +36,17 @@ export const PrepareRequestSchema = z.strictObject({
 export const CommitRequestSchema = z.strictObject({
   ...base,
   checkpoint_dir: z.string().min(1),
-  episode_ids: z.array(EpisodeIdSchema).nullable().default(null),
+  episode_ids: episodeIdList().nullable().default(null),
   stop: z.boolean().default(false),
 });
 export const RestoreRequestSchema = z.strictObject({
   ...base,
   checkpoint_dir: z.string().min(1),
-  episode_ids: z.array(EpisodeIdSchema),
+  episode_ids: episodeIdList(),
 });
 export const RetireRequestSchema = z.strictObject({
   ...base,
-  episode_ids: z.array(EpisodeIdSchema).min(1),
+  episode_ids: episodeIdList(1),
 });
 export const ForgetRequestSchema = z.strictObject({
   ...base,
