@@ -244,11 +244,11 @@ export class CaptureLedger {
    * attempt can write any more).
    *
    * The imported rows are live in memory at once and durable in one journal file when this
-   * returns; the per-key ledger files are written in the background (`materialized`), each ahead of
-   * any append to its key. Creating thousands of small files is what makes an import slow, so it
+   * returns; the per-key ledger files are written in the background (`materialized`), once
+   * `writeAfter` settles, each ahead of any append to its key. Creating thousands of small files is what makes an import slow, so it
    * is kept off the restore's critical path; a journal left by a crash is replayed by `open`.
    */
-  async importEpisodes(entries: readonly ImportEntry[]): Promise<ImportResult> {
+  async importEpisodes(entries: readonly ImportEntry[], writeAfter: Promise<void> = Promise.resolve()): Promise<ImportResult> {
     const leftovers: Array<() => Promise<void>> = [];
     for (const e of entries) {
       const targetAttempt = attemptOf(e.targetKey);
@@ -291,7 +291,7 @@ export class CaptureLedger {
     const io = new Semaphore(IO_CONCURRENCY);
     // Chained per key now, so an append can never overtake its key's import.
     const writes = imported.map(({ key, rows }) =>
-      this.chain(key, () => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join('')))),
+      this.chain(key, () => writeAfter.then(() => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join(''))))),
     );
     const materialized = Promise.all(writes).then(() => unlinkQuiet(journalFile));
     materialized.catch(() => undefined);

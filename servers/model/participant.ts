@@ -118,6 +118,8 @@ export class ModelParticipant implements GenerationGate {
   private cutRound: CutRound | undefined;
   /** Background sweep of retired attempts' files after a restore; retire and the next install wait for it. */
   private sweep: Promise<void> = Promise.resolve();
+  /** Opens the last restore's background file work (held until resume). */
+  private backgroundGate: (() => void) | undefined;
   private prepareDeadline: { checkpointId: string; deadlineTs: number } | undefined;
   private readonly log: (msg: string, err?: unknown) => void;
 
@@ -443,6 +445,7 @@ export class ModelParticipant implements GenerationGate {
       },
       openAdmission: () => {
         this.open = true;
+        this.releaseBackground();
         this.cutRound?.abort.abort();
         this.cutRound = undefined;
         for (const w of [...this.waiters]) w.resolve();
@@ -538,6 +541,7 @@ export class ModelParticipant implements GenerationGate {
   }
 
   private async deleteRestored(scope: readonly EpisodeId[]): Promise<void> {
+    this.releaseBackground();
     const keep = new Set(scope.map(captureKey));
     for (const [key, target] of [...this.restoredTargets]) {
       if (target.started || keep.has(key)) continue;
@@ -566,6 +570,7 @@ export class ModelParticipant implements GenerationGate {
   // --- install (§5.3) ----------------------------------------------------------------------------
 
   private async install(req: InstallRequest): Promise<CaptureKey[]> {
+    this.releaseBackground();
     await this.sweep;
     const records = new Map<CaptureKey, CheckpointRecord>();
     for (const r of req.records) records.set(captureKey(r.episode_id), r);
@@ -590,25 +595,38 @@ export class ModelParticipant implements GenerationGate {
     }
     // Deletes what dead executions left for the targets and later attempts, imports the rows under
     // the targets, retires the ledgers of the checkpointed attempts and earlier ones.
-    const { retired, materialized } = await this.ledger.importEpisodes(entries);
     // Ledger files of the targets, and files of the retired attempts (ledgers; staged tokens no
-    // imported row names): written and deleted after the reply.
-    this.startBackground(materialized, retired);
+    // imported row names): written and deleted once the restore resumes, not beside it. Every
+    // other participant of the deployment is restoring on the same cores until then, and the
+    // journal already holds the rows; nothing appends before resume (admission is closed).
+    const gate = new Promise<void>((open) => (this.backgroundGate = open));
+    const { retired, materialized } = await this.ledger.importEpisodes(entries, gate);
+    this.startBackground(gate, materialized, retired);
     return installed;
   }
 
-  private startBackground(materialized: Promise<void>, retired: CaptureKey[]): void {
+  /** Lets the last restore's file work start: at resume, or once anything needs it done. */
+  private releaseBackground(): void {
+    this.backgroundGate?.();
+    this.backgroundGate = undefined;
+  }
+
+  private startBackground(gate: Promise<void>, materialized: Promise<void>, retired: CaptureKey[]): void {
     const prev = this.sweep;
     this.sweep = Promise.all([
       materialized.catch((err: unknown) => this.log('writing imported capture ledgers failed', err)),
-      prev.then(() => forEachLimit(retired, SWEEP_CONCURRENCY, (k) => this.ledger.sweepRetired(k))),
+      Promise.all([prev, gate]).then(() => forEachLimit(retired, SWEEP_CONCURRENCY, (k) => this.ledger.sweepRetired(k))),
     ])
       .then(() => undefined)
       .catch((err: unknown) => this.log('sweeping files of retired attempts failed', err));
   }
 
-  /** Resolves once the background work of the last restore (ledger files written, retired files swept) is done. */
+  /**
+   * Resolves once the background work of the last restore (ledger files written, retired files
+   * swept) is done; starts it if the restore has not resumed yet.
+   */
   async settled(): Promise<void> {
+    this.releaseBackground();
     await this.sweep;
   }
 
@@ -636,6 +654,7 @@ export class ModelParticipant implements GenerationGate {
       }
     }
     // A restore's background file work first: it may still be writing or deleting these ledgers.
+    this.releaseBackground();
     await untilAborted(this.sweep, signal);
     await forEachLimit([...marks], SWEEP_CONCURRENCY, ([rollout, attempt]) => this.ledger.deleteAttempts(rollout, 0, attempt));
     this.notify();

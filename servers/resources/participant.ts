@@ -23,8 +23,9 @@ export interface SessionStateHooks {
   exportSessionStates(sessionIds: readonly string[]): Promise<ReadonlyMap<string, unknown>> | ReadonlyMap<string, unknown>;
   /**
    * Validate every state first, then install all; a throw installs nothing. With
-   * `deferredStates` the values are `DeferredJson` (already checked to be JSON): a server whose
-   * states are large keeps them unparsed until a session is used (`materialized(v)` then).
+   * `deferredStates` the values may be `DeferredJson` (already checked to be JSON; a small records
+   * file is read eagerly and gives plain values): a server whose states are large keeps them
+   * unparsed until a session is used, and reads each with `materialized(v)`, which takes both.
    */
   restoreSessionStates(states: ReadonlyMap<string, unknown>): Promise<void> | void;
   readonly deferredStates?: boolean;

@@ -57,7 +57,7 @@ async function write(records: Iterable<object> | AsyncIterable<object>, extra: P
 let deferField: string | undefined;
 
 async function read(scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown, checkpointDir = ckpt) {
-  return readRecords({ checkpointDir, kind: KIND, instance: INSTANCE, scope, validate, defer: deferField });
+  return readRecords({ checkpointDir, kind: KIND, instance: INSTANCE, scope, validate, defer: deferField, deferMinBytes: 0 });
 }
 
 /** Rejects with invalid_checkpoint_state; returns the detail. */
@@ -366,7 +366,7 @@ describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refus
 
 describe('readRecords with a deferred field', () => {
   const deferred = (scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown) =>
-    readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary' });
+    readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary', deferMinBytes: 0 });
   const plain = (records: StoredRecord[]) => records.map((r) => stringifyLossless({ ...r, boundary: materialized(r.boundary) }));
 
   it('gives the eager read\'s records, the field unparsed until read; lines native JSON would misread are parsed eagerly', async () => {

@@ -32,7 +32,9 @@ import { downDeployment, killDeployment, restartDeployment, upDeployment } from 
 import type { CallRecord } from '../../../servers/inference/call-log.js';
 
 export const TOKEN = 'gym-e2e-token';
-const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
+// Every deferred-restore file goes through the records workers (the counter's are tiny), so the
+// workers start and serve in real server processes here.
+const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn', NG_RECORDS_DEFER_MIN_BYTES: '0' };
 const DEPLOYMENTS = fileURLToPath(new URL('./deployments/', import.meta.url));
 
 // --- waiting ---------------------------------------------------------------------------------
