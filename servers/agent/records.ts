@@ -6,6 +6,7 @@ import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids
 import { toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../control/hooks.js';
 import { LoopStateSchema, pinBoundary, type LoopState } from './loop-state.js';
+import { isPlainAgentRecord } from './record-shape.js';
 import { grantOf } from './seed.js';
 import { newSession, type AgentSession } from './sessions.js';
 import { SeedRequestSchema, type CompletedReply, type Observations } from './wire.js';
@@ -40,7 +41,7 @@ const SessionJsonSchema = z.looseObject({
   completed_reply: z.looseObject({ response: z.record(z.string(), z.unknown()), cookies: z.record(z.string(), z.string()) }).nullable(),
 });
 
-const AgentRecordSchema = z.looseObject({
+export const AgentRecordSchema = z.looseObject({
   episode_id: EpisodeIdSchema,
   session_key: z.string().min(1),
   session: SessionJsonSchema,
@@ -57,17 +58,23 @@ const parsed = new WeakMap<CheckpointRecord, AgentRecord>();
 export function parseRecord(record: CheckpointRecord): AgentRecord {
   const known = parsed.get(record);
   if (known) return known;
-  const r = AgentRecordSchema.safeParse(toPlainJson(record));
-  if (!r.success) {
-    const issue = r.error.issues[0]!;
-    throw new Error(`${issue.path.join('.') || 'record'}: ${issue.message}`);
+  const plain = toPlainJson(record);
+  let data: AgentRecord;
+  if (isPlainAgentRecord(plain)) data = plain as AgentRecord;
+  else {
+    const r = AgentRecordSchema.safeParse(plain);
+    if (!r.success) {
+      const issue = r.error.issues[0]!;
+      throw new Error(`${issue.path.join('.') || 'record'}: ${issue.message}`);
+    }
+    data = r.data;
   }
-  if (r.data.session.completed_activation > r.data.session.activations) {
+  if (data.session.completed_activation > data.session.activations) {
     throw new Error('session.completed_activation is larger than session.activations');
   }
-  grantOf(r.data.session.request);
-  parsed.set(record, r.data);
-  return r.data;
+  grantOf(data.session.request);
+  parsed.set(record, data);
+  return data;
 }
 
 /** The session a replacement attempt continues (restore_agent_sessions + registration). */
