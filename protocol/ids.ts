@@ -1,22 +1,9 @@
 // Identity on the wire (control-plane.md §2): rollout IDs, EpisodeIds, capture keys and the
 // `/ng-rollout/<key>` data-plane prefix. Checkpoint IDs and path components (§4, §9.1).
 import { z } from 'zod';
+import { ID_PATTERN, RESERVED_SUFFIX, decodeEpisodeId, isValidRolloutId, type CaptureKey, type EpisodeId } from './episode-id.js';
 
-/** First char alphanumeric, then letters, digits, `.`, `_`, `-`. */
-export const ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-/** `-a<N>` with N positive and without a leading zero, at the very end. */
-const RESERVED_SUFFIX = /-a([1-9][0-9]*)$/;
-
-export type CaptureKey = string;
-
-export interface EpisodeId {
-  rollout_id: string;
-  attempt: number;
-}
-
-export function isValidRolloutId(id: string): boolean {
-  return ID_PATTERN.test(id) && !RESERVED_SUFFIX.test(id);
-}
+export { ID_PATTERN, captureKey, decodeEpisodeId, isValidRolloutId, type CaptureKey, type EpisodeId } from './episode-id.js';
 
 export const RolloutIdSchema = z
   .string()
@@ -31,18 +18,6 @@ export const EpisodeIdSchema = z.strictObject({
   rollout_id: RolloutIdSchema,
   attempt: AttemptSchema.default(0),
 });
-
-/** A JSON object holding exactly the `EpisodeIdSchema` fields, valid: the ID; anything else: undefined. */
-export function decodeEpisodeId(v: unknown): EpisodeId | undefined {
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return undefined;
-  const o = v as Record<string, unknown>;
-  for (const k in o) if (k !== 'rollout_id' && k !== 'attempt') return undefined;
-  const rollout = o.rollout_id;
-  if (typeof rollout !== 'string' || !isValidRolloutId(rollout)) return undefined;
-  const attempt = o.attempt === undefined ? 0 : o.attempt;
-  if (typeof attempt !== 'number' || !Number.isSafeInteger(attempt) || attempt < 0) return undefined;
-  return { rollout_id: rollout, attempt };
-}
 
 /**
  * `z.array(EpisodeIdSchema)` with a plain loop in front: a commit or restore names every episode in
@@ -68,10 +43,6 @@ export function episodeIdList(min = 0) {
       }
       return out;
     });
-}
-
-export function captureKey(e: EpisodeId): CaptureKey {
-  return e.attempt === 0 ? e.rollout_id : `${e.rollout_id}-a${e.attempt}`;
 }
 
 /** Decodes exactly one suffix; the remainder must itself be a valid rollout ID (§2.2). */

@@ -6,7 +6,7 @@
 // good. Its parse results die young: nothing it allocates survives, so its GC is cheap.
 import { closeSync, openSync, readSync } from 'node:fs';
 import { parentPort } from 'node:worker_threads';
-import { captureKey } from '../../protocol/ids.js';
+import { captureKey } from '../../protocol/episode-id.js';
 import { jsonTextOfUtf8, nativeIsLossless } from '../../protocol/lossless-json.js';
 import { decodeEpisodeId, isPlainObject } from './record-episode.js';
 

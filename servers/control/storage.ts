@@ -736,11 +736,6 @@ async function lineBounds(file: string, size: number, parts: number): Promise<nu
   return bounds;
 }
 
-/** Starts the records workers ahead of a restore (their start-up, ~0.3 s, is then not in the restore). */
-export function prewarmRecordsWorkers(): void {
-  void RecordsWorkers.get();
-}
-
 /** Applies one scanned chunk: worker-proved lines become records with a deferred field; the rest are parsed here. */
 function takeChunk(bytes: Buffer, chunk: ScanChunk, base: number, field: string, lines: RecordLines): void {
   const noted = chunk.noted;

@@ -4,7 +4,6 @@
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { AdmissionGate } from '../control/admission-gate.js';
-import { prewarmRecordsWorkers } from '../control/storage.js';
 import { materialized } from '../../protocol/deferred-json.js';
 import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 
@@ -110,10 +109,9 @@ export class ResourcesParticipant implements ParticipantHooks {
     this.mode = opts.mode;
     this.verify = opts.verify;
     this.stateHooks = opts.stateHooks;
-    if (this.mode === 'exported' && this.stateHooks?.deferredStates) {
-      this.deferredRecordField = 'state';
-      prewarmRecordsWorkers();
-    }
+    // The records workers start on the first restore whose file is large enough to defer, not
+    // here: two threads cost ~0.4 CPU-s to start, a waste for a server whose states stay small.
+    if (this.mode === 'exported' && this.stateHooks?.deferredStates) this.deferredRecordField = 'state';
     this.groupScored = opts.groupScored;
     this.log = opts.log ?? (() => undefined);
     if (this.mode === 'exported' && !this.stateHooks) {
