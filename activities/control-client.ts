@@ -2,6 +2,7 @@
 // Control traffic gets its own undici Agent: data calls parked during a checkpoint can hold
 // every connection to a host, and must not starve prepare, commit or resume.
 import { Agent, type Dispatcher, request } from 'undici';
+import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 
 export interface ControlPoolOptions {
   /** Connections per origin (reference knob `global_aiohttp_control_connector_limit_per_host`). */
@@ -26,6 +27,7 @@ function buildPool(opts: ControlPoolOptions): Agent {
     // would cut a long prepare or commit short.
     headersTimeout: 0,
     bodyTimeout: 0,
+    ...CLIENT_KEEP_ALIVE,
   });
 }
 

@@ -6,6 +6,7 @@ import { Agent, request } from 'undici';
 import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef } from '../protocol/controller.js';
 import { errorCodeOf } from '../protocol/errors.js';
 import { captureKey } from '../protocol/ids.js';
+import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 import { RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
 import { groupIdOf, siblingTask, taskAt } from './dataset.js';
 import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
@@ -22,7 +23,7 @@ let pool: Agent | undefined;
 
 /** The `/run` pool: not the control pool (data calls parked by a checkpoint must not starve control calls). */
 export function runPool(): Agent {
-  pool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+  pool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
   return pool;
 }
 

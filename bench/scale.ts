@@ -64,6 +64,7 @@ import type { Endpoints } from '../servers/common/deployment.js';
 import { decide, initialWeights } from '../servers/inference/policy.js';
 import { downDeployment, killDeployment, restartDeployment, statusDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { readRunState } from '../servers/launcher/run-dir.js';
+import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 
 export const TOKEN = 'bench-scale-token';
@@ -186,7 +187,7 @@ export interface Reply {
 
 /** `/run` lasts as long as its episode is held: a pool without undici's 300 s timeouts. */
 export function newRunPool(): Agent {
-  return new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000 });
+  return new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
 }
 
 export async function postJson(url: string, body: unknown, dispatcher?: Agent): Promise<Reply> {

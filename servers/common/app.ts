@@ -5,6 +5,7 @@ import type { IncomingMessage } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { isProtocolError } from '../../protocol/errors.js';
 import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
+import { SERVER_KEEP_ALIVE_MS } from '../../protocol/keep-alive.js';
 
 const ROLLOUT = Symbol('ngRollout');
 type WithRollout = IncomingMessage & { [ROLLOUT]?: RolloutPath };
@@ -23,7 +24,7 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
     bodyLimit: opts.bodyLimit ?? 64 * 1024 * 1024,
     // Long /run calls and parked requests must not be cut by the server side.
     requestTimeout: 0,
-    keepAliveTimeout: 65_000,
+    keepAliveTimeout: SERVER_KEEP_ALIVE_MS,
     rewriteUrl(req) {
       const url = req.url ?? '/';
       const parsed = parseRolloutPath(url);

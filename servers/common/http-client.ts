@@ -4,13 +4,14 @@
 // `/ng-rollout/<capture key>` prefix added for calls made inside an episode.
 import { Agent, request } from 'undici';
 import { rolloutPath, type CaptureKey } from '../../protocol/ids.js';
+import { CLIENT_KEEP_ALIVE } from '../../protocol/keep-alive.js';
 import { cookieHeader, parseSetCookies } from './session-cookie.js';
 
 let dataPool: Agent | undefined;
 
 export function dataAgent(): Agent {
   // No per-origin connection cap: thousands of episodes may each hold a parked call to one server.
-  dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000 });
+  dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
   return dataPool;
 }
 

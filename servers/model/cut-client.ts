@@ -2,12 +2,13 @@
 // own (held generation calls may occupy every data connection to the backend), bearer-authorized
 // with the control token, bounded by the time the caller grants; the receipt is checked strictly.
 import { Agent, request } from 'undici';
+import { CLIENT_KEEP_ALIVE } from '../../protocol/keep-alive.js';
 import { GENERATION_CUT_PATH, validateReceipt, type CutOutcome, type GenerationCutInventory } from './cut-wire.js';
 
 let pool: Agent | undefined;
 
 function cutPool(): Agent {
-  pool ??= new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0, connect: { timeout: 10_000 } });
+  pool ??= new Agent({ connections: 4, headersTimeout: 0, bodyTimeout: 0, connect: { timeout: 10_000 }, ...CLIENT_KEEP_ALIVE });
   return pool;
 }
 
