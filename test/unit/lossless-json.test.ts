@@ -261,6 +261,9 @@ describe('toPlainJson', () => {
   it('gives back a value native JSON.parse produced without copying it', () => {
     const v = JSON.parse('{"a":[1,{"b":"x"}],"c":null,"d":{"e":true}}') as Record<string, unknown>;
     expect(toPlainJson(v)).toBe(v);
+    // parseLossless's native path: known plain, returned without a walk.
+    const w = parseLossless('{"a":[1.5,{"b":"x"}],"c":-0.25}');
+    expect(toPlainJson(w)).toBe(w);
   });
 
   it('turns lossless numbers, big integers and ordered objects into plain values, copying only their containers', () => {
