@@ -245,8 +245,9 @@ export class CaptureLedger {
    *
    * The imported rows are live in memory at once and durable in one journal file when this
    * returns; the per-key ledger files are written in the background (`materialized`), once
-   * `writeAfter` settles, each ahead of any append to its key. Creating thousands of small files is what makes an import slow, so it
-   * is kept off the restore's critical path; a journal left by a crash is replayed by `open`.
+   * `writeAfter` settles, each ahead of any append to its key. Creating thousands of small files
+   * is what makes an import slow, so it is kept off the restore's critical path; a journal left by
+   * a crash is replayed by `open`.
    */
   async importEpisodes(entries: readonly ImportEntry[], writeAfter: Promise<void> = Promise.resolve()): Promise<ImportResult> {
     const leftovers: Array<() => Promise<void>> = [];

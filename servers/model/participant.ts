@@ -594,11 +594,11 @@ export class ModelParticipant implements GenerationGate {
       }
     }
     // Deletes what dead executions left for the targets and later attempts, imports the rows under
-    // the targets, retires the ledgers of the checkpointed attempts and earlier ones.
-    // Ledger files of the targets, and files of the retired attempts (ledgers; staged tokens no
-    // imported row names): written and deleted once the restore resumes, not beside it. Every
-    // other participant of the deployment is restoring on the same cores until then, and the
-    // journal already holds the rows; nothing appends before resume (admission is closed).
+    // the targets, retires the ledgers of the checkpointed attempts and earlier ones. The ledger
+    // files of the targets, and the files of the retired attempts (ledgers; staged tokens no
+    // imported row names), are written and deleted once the restore resumes, not beside it: every
+    // other participant of the deployment is restoring on the same cores until then, the journal
+    // already holds the rows, and nothing appends before resume (admission is closed).
     const gate = new Promise<void>((open) => (this.backgroundGate = open));
     const { retired, materialized } = await this.ledger.importEpisodes(entries, gate);
     this.startBackground(gate, materialized, retired);

@@ -246,6 +246,21 @@ describe('restore and retire', { timeout: 30_000 }, () => {
     expect(stale.body.error.code).toBe('stale_attempt');
   });
 
+  it('writes the imported ledger files and sweeps the retired ones once the restore resumes, not beside it', async () => {
+    const { dir, captureDir, backend, saved } = await checkpointWithUndelivered();
+    const fresh = await startModel(backend, { captureDir });
+    expect((await control(fresh, 'restore', { checkpoint_id: 'rs1', deadline_ts: deadline(), checkpoint_dir: dir, episode_ids: [ep('r')] })).status).toBe(200);
+    // Live in memory and durable in the import journal; the files wait while other participants restore.
+    expect(fresh.participant.ledger.rows('r-a1')).toEqual([{ ...saved, capture_key: 'r' }]);
+    await sleep(300);
+    expect(existsSync(ledgerPath(captureDir, 'r-a1'))).toBe(false);
+    expect(existsSync(ledgerPath(captureDir, 'r'))).toBe(true);
+    await resume(fresh, 'rs1');
+    await waitFor('the files written and swept after resume', () => existsSync(ledgerPath(captureDir, 'r-a1')) && !existsSync(ledgerPath(captureDir, 'r')));
+    await fresh.participant.settled(); // the file exists from its first byte on: wait for the write to end
+    expect(ledgerRows(fresh, 'r-a1')).toEqual([{ ...saved, capture_key: 'r' }]);
+  });
+
   it('restoring the same checkpoint again after the replacement made calls drops what that run left', async () => {
     const { dir, captureDir, backend, saved, m1 } = await checkpointWithUndelivered();
     const run1 = await startModel(backend, { captureDir });
