@@ -69,8 +69,12 @@ export interface ReadRecordsOptions {
  */
 export function deferMinBytes(): number {
   const env = process.env.NG_RECORDS_DEFER_MIN_BYTES;
-  const n = env === undefined || env === '' ? NaN : Number(env);
-  return Number.isSafeInteger(n) && n >= 0 ? n : 16 * 1024 * 1024;
+  if (env === undefined || env === '') return 16 * 1024 * 1024;
+  const n = Number(env);
+  if (!/^\d+$/.test(env.trim()) || !Number.isSafeInteger(n)) {
+    throw new Error(`NG_RECORDS_DEFER_MIN_BYTES must be a whole number of bytes (0 or more), got '${env}'`);
+  }
+  return n;
 }
 
 export interface ReadRecordsResult {

@@ -4,6 +4,7 @@
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { AdmissionGate } from '../control/admission-gate.js';
+import { deferMinBytes } from '../control/storage.js';
 import { materialized } from '../../protocol/deferred-json.js';
 import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 
@@ -111,7 +112,10 @@ export class ResourcesParticipant implements ParticipantHooks {
     this.stateHooks = opts.stateHooks;
     // The records workers start on the first restore whose file is large enough to defer, not
     // here: two threads cost ~0.4 CPU-s to start, a waste for a server whose states stay small.
-    if (this.mode === 'exported' && this.stateHooks?.deferredStates) this.deferredRecordField = 'state';
+    if (this.mode === 'exported' && this.stateHooks?.deferredStates) {
+      this.deferredRecordField = 'state';
+      deferMinBytes(); // a bad NG_RECORDS_DEFER_MIN_BYTES fails the start, not a restore
+    }
     this.groupScored = opts.groupScored;
     this.log = opts.log ?? (() => undefined);
     if (this.mode === 'exported' && !this.stateHooks) {

@@ -7,7 +7,7 @@ import { ProtocolError } from '../../protocol/errors.js';
 import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE } from '../../protocol/manifest.js';
-import { participantDir, readRecords, startRecordsWrite, writeRecords, type StoredRecord } from '../../servers/control/storage.js';
+import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords, type StoredRecord } from '../../servers/control/storage.js';
 
 const KIND = 'environment';
 const INSTANCE = 'env_main';
@@ -416,5 +416,24 @@ describe('readRecords with a deferred field', () => {
     rmSync(ckpt, { recursive: true, force: true });
     handWritten(broken);
     expect(await refusal(deferred())).toMatch(/line 391 .* is not JSON/);
+  });
+});
+
+describe('NG_RECORDS_DEFER_MIN_BYTES', () => {
+  it('sets the size from which a deferred read uses the workers; a bad value is an error naming it', () => {
+    const saved = process.env.NG_RECORDS_DEFER_MIN_BYTES;
+    try {
+      delete process.env.NG_RECORDS_DEFER_MIN_BYTES;
+      expect(deferMinBytes()).toBe(16 * 1024 * 1024);
+      process.env.NG_RECORDS_DEFER_MIN_BYTES = '0';
+      expect(deferMinBytes()).toBe(0);
+      for (const bad of ['-1', '1.5', '16MB', 'x']) {
+        process.env.NG_RECORDS_DEFER_MIN_BYTES = bad;
+        expect(() => deferMinBytes()).toThrow(/NG_RECORDS_DEFER_MIN_BYTES/);
+      }
+    } finally {
+      if (saved === undefined) delete process.env.NG_RECORDS_DEFER_MIN_BYTES;
+      else process.env.NG_RECORDS_DEFER_MIN_BYTES = saved;
+    }
   });
 });
