@@ -1,0 +1,26 @@
+// `episodeIdList` (control requests' `episode_ids`) must answer exactly as `z.array(EpisodeIdSchema)`
+// did: the same values, and for a refused element the same issues at the same paths.
+import { describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { EpisodeIdSchema, episodeIdList } from '../../protocol/ids.js';
+
+const asBefore = z.strictObject({ e: z.array(EpisodeIdSchema).min(1) });
+const now = z.strictObject({ e: episodeIdList(1) });
+
+const outcome = (r: ReturnType<typeof asBefore.safeParse>) =>
+  r.success ? { data: r.data } : { issues: r.error.issues.map((i) => [i.code, i.path, i.message]) };
+
+describe('episodeIdList', () => {
+  it.each([
+    ['valid, attempt defaulted', [{ rollout_id: 'a' }, { rollout_id: 'b.c_d-e', attempt: 3 }]],
+    ['empty (min 1)', []],
+    ['a reserved suffix', [{ rollout_id: 'a', attempt: 2 }, { rollout_id: 'b-a1' }]],
+    ['an unknown key', [{ rollout_id: 'x', extra: 1 }]],
+    ['several problems in one element', [{ rollout_id: '', attempt: -1 }]],
+    ['not an array', 'nope'],
+    ['non-objects and a fractional attempt', [1, null, { rollout_id: 'ok', attempt: 1.5 }]],
+    ['an attempt beyond 2^53', [{ rollout_id: 'a', attempt: 2 ** 53 }]],
+  ])('%s', (_name, e) => {
+    expect(outcome(now.safeParse({ e }))).toEqual(outcome(asBefore.safeParse({ e })));
+  });
+});
