@@ -10,7 +10,7 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { z } from 'zod';
-import { isPackedJson, unpackJson } from '../protocol/packed-json.js';
+import { unpacked } from '../protocol/packed-json.js';
 import { FAILURE_TYPES, type SnapshotLocation, type SnapshotManifest } from '../protocol/controller.js';
 import { isProtocolError } from '../protocol/errors.js';
 import { CaptureKeySchema, CheckpointIdSchema } from '../protocol/ids.js';
@@ -205,7 +205,7 @@ export interface WriteLedgerCutInput {
 /** Writes `ledger.json` (fsynced) and returns what the manifest records about it. */
 export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha256: string; bytes: number }> {
   requireTmpDir(input.tmpDir, 'writeLedgerCut');
-  const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
+  const ledger = unpacked(input.ledger);
   const text = ledger === undefined ? undefined : JSON.stringify(ledger);
   if (text === undefined) throw invariantFailure('the ledger cut is not JSON');
   const data = Buffer.from(text, 'utf8');

@@ -21,7 +21,7 @@ import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { request } from 'undici';
 import { z } from 'zod';
-import { isPackedJson, unpackJson, type PackedJson } from '../protocol/packed-json.js';
+import { unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
 import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
@@ -673,7 +673,7 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
   }
 
   async function writeGymRestartFallback(packedInput: WriteGymRestartFallbackInput): Promise<{ path: string }> {
-    const input = { ...packedInput, ledger: isPackedJson(packedInput.ledger) ? unpackJson(packedInput.ledger) : packedInput.ledger };
+    const input = { ...packedInput, ledger: unpacked(packedInput.ledger) };
     const { checkpointDir, step, trainerVersion, topologyFingerprint, ledger } = parseInput(
       z.strictObject({
         checkpointDir: z.string().min(1),

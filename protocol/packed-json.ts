@@ -25,6 +25,11 @@ export function isPackedJson(v: unknown): v is PackedJson {
   return typeof v === 'object' && v !== null && (v as { packed?: unknown }).packed === 1 && Array.isArray((v as PackedJson).strings);
 }
 
+/** The value itself, unpacked when it came packed (activities accept either form). */
+export function unpacked<T>(v: T | PackedJson): T {
+  return isPackedJson(v) ? unpackJson<T>(v) : v;
+}
+
 export function packJson(value: unknown): PackedJson {
   const strings: string[] = [];
   const stringIndex = new Map<string, number>();

@@ -1036,13 +1036,11 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (!checkpointRunning && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
       await condition(allHandlersFinished);
       if (!checkpointRunning && manualRequested === manualServed && info.historyLength >= carryRetryAt) {
-        st.continuedAsNew += 1;
-        const state = packRunState(st, cfg.run.name);
+        const state = packRunState({ ...st, continuedAsNew: st.continuedAsNew + 1 }, cfg.run.name);
         const bytes = JSON.stringify(state).length;
         if (bytes <= MAX_CARRIED_STATE_BYTES) await continueAsNew<typeof trainingRun>({ config: cfg, state });
         // Over the payload limit the continue-as-new would fail its workflow task forever: keep
         // running on this history (hard limits: 51,200 events / 50 MiB), try again later.
-        st.continuedAsNew -= 1;
         carryRetryAt = info.historyLength + 1_000;
         log.error('run state too large to continue as new; continuing on the current history', {
           bytes,

@@ -461,13 +461,16 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       if (code === 'ENOENT') throw refuse('invalid_checkpoint_state', `records file ${manifest.records_file} of ${where} is missing`);
       throw err;
     }
+    let size: number;
+    try {
+      size = (await fh.stat()).size;
+    } catch (err) {
+      await fh.close().catch(() => {});
+      throw err;
+    }
     const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
-    if (opts.defer !== undefined) {
-      const size = (await fh.stat().catch(async (err: unknown) => {
-        await fh.close().catch(() => {});
-        throw err;
-      })).size;
-      const workers = size >= (opts.deferMinBytes ?? deferMinBytes()) ? await RecordsWorkers.get() : undefined;
+    if (opts.defer !== undefined && size >= (opts.deferMinBytes ?? deferMinBytes())) {
+      const workers = await RecordsWorkers.get();
       if (workers?.alive) {
         await fh.close().catch(() => {});
         const sha256 = await workers.read(file, size, opts.scope, opts.defer, lines);
@@ -477,7 +480,6 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
     let hasher: Sha256 | undefined;
     let pending: Promise<Buffer> | undefined;
     try {
-      const size = (await fh.stat()).size;
       hasher = new Sha256(size > READ_BYTES);
       // Two buffers: one is read into (ahead) while the other is hashed and parsed.
       const bufBytes = Math.max(1, Math.min(READ_BYTES, size));
