@@ -26,6 +26,12 @@ export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
   'limit.numPendingChildExecutions.error': 20000,
   'limit.numPendingActivities.error': 20000,
   'history.maximumSignalsPerExecution': 100000,
+  // The dev server has one history shard, so one transfer-queue reader carries every task the
+  // server hands on (workflow and activity tasks after a completion, child starts, signals to
+  // other workflows). It reads at most 20 times a second by default: after a short burst every
+  // hand-off waits for the next 50 ms slot, so a workflow's next task started >= 40 ms after its
+  // last one, whatever the work. A production cluster spreads this over many shards.
+  'history.transferProcessorMaxPollRPS': 1000,
 });
 
 // temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
