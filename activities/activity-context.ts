@@ -42,9 +42,11 @@ export async function heartbeating<T>(
 ): Promise<T> {
   const ctx = activityContext();
   if (!ctx) return fn(undefined);
-  const beat = (): void => ctx.heartbeat(details);
-  beat();
-  const timer = setInterval(beat, intervalMs);
+  // The first beat waits one interval: the SDK sends a first heartbeat at once and throttles the
+  // rest, so beating at the start cost a server write per call that finishes within seconds (every
+  // control call, every short rollout) and pushed the next beat, the one that can carry a
+  // cancellation, out to the throttle interval.
+  const timer = setInterval(() => ctx.heartbeat(details), intervalMs);
   try {
     return await fn(ctx.cancellationSignal);
   } catch (err) {

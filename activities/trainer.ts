@@ -113,6 +113,7 @@ async function withRunLock<T>(run: string, fn: () => Promise<T>): Promise<T> {
 // --- inputs -----------------------------------------------------------------------------------
 
 const NonNegInt = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+const Sha256Hex = z.string().regex(/^[0-9a-f]{64}$/, 'must be a SHA-256 hex digest');
 
 export const TrainBatchSchema = z.array(
   z.strictObject({
@@ -467,6 +468,12 @@ export interface SaveTrainerCheckpointInput {
   step: number;
   /** The dataloader cursor the anchor records. */
   cursor: number;
+  /**
+   * Write the anchor's Gym-restart fallback marker in the same call, right after the anchor is
+   * durable (controller.md §2.6 steps 2–3): a run lost between two activities left an anchor
+   * without its marker, which a cold start must refuse.
+   */
+  gymRestartFallback?: { topologyFingerprint: string; ledger: Record<string, unknown> | PackedJson };
 }
 
 export interface SavedTrainerCheckpoint {
@@ -628,17 +635,25 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     );
   }
 
-  async function saveTrainerCheckpoint(input: SaveTrainerCheckpointInput): Promise<SavedTrainerCheckpoint> {
-    const { run, checkpointDir, step, cursor } = parseInput(
-      z.strictObject({ run: z.string().min(1), checkpointDir: z.string().min(1), step: NonNegInt, cursor: NonNegInt }),
+  async function saveTrainerCheckpoint(packedInput: SaveTrainerCheckpointInput): Promise<SavedTrainerCheckpoint> {
+    const fallbackIn = packedInput.gymRestartFallback;
+    const input = fallbackIn ? { ...packedInput, gymRestartFallback: { ...fallbackIn, ledger: unpacked(fallbackIn.ledger) } } : packedInput;
+    const { run, checkpointDir, step, cursor, gymRestartFallback } = parseInput(
+      z.strictObject({
+        run: z.string().min(1),
+        checkpointDir: z.string().min(1),
+        step: NonNegInt,
+        cursor: NonNegInt,
+        gymRestartFallback: z.strictObject({ topologyFingerprint: Sha256Hex, ledger: z.record(z.string(), z.unknown()) }).optional(),
+      }),
       input,
       'saveTrainerCheckpoint',
     );
     const anchor = stepAnchor(step);
     const file = path.join(checkpointDir, anchor, TRAINER_FILE);
-    return heartbeating({ op: 'saveTrainerCheckpoint', run, step }, () =>
+    const saved = await heartbeating({ op: 'saveTrainerCheckpoint', run, step }, () =>
       withRunLock(run, () =>
-        storage(`writing ${file}`, async () => {
+        storage(`writing ${file}`, async (): Promise<SavedTrainerCheckpoint> => {
           const st = states.get(run);
           if (!st || st.step !== step) {
             // A retry after the state moved on (or the worker restarted): the anchor may already be durable.
@@ -670,6 +685,11 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
         }),
       ),
     );
+    if (gymRestartFallback) {
+      // Also on a retry that found the anchor durable: the marker may be what the first try missed.
+      await writeMarker(checkpointDir, step, saved.version, gymRestartFallback.topologyFingerprint, gymRestartFallback.ledger, 'saveTrainerCheckpoint');
+    }
+    return saved;
   }
 
   async function writeGymRestartFallback(packedInput: WriteGymRestartFallbackInput): Promise<{ path: string }> {
@@ -679,12 +699,23 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
         checkpointDir: z.string().min(1),
         step: NonNegInt,
         trainerVersion: NonNegInt,
-        topologyFingerprint: z.string().regex(/^[0-9a-f]{64}$/, 'must be a SHA-256 hex digest'),
+        topologyFingerprint: Sha256Hex,
         ledger: z.record(z.string(), z.unknown()),
       }),
       input,
       'writeGymRestartFallback',
     );
+    return writeMarker(checkpointDir, step, trainerVersion, topologyFingerprint, ledger, 'writeGymRestartFallback');
+  }
+
+  async function writeMarker(
+    checkpointDir: string,
+    step: number,
+    trainerVersion: number,
+    topologyFingerprint: string,
+    ledger: Record<string, unknown>,
+    op: string,
+  ): Promise<{ path: string }> {
     const anchor = stepAnchor(step);
     const file = path.join(checkpointDir, anchor, GYM_RESTART_FALLBACK_FILE);
     return storage(`writing ${file}`, async () => {
@@ -693,11 +724,11 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
       try {
         st = await readAnchor(checkpointDir, anchor, step);
       } catch (err) {
-        if (err instanceof CorruptAnchor) throw invariantFailure(`writeGymRestartFallback: ${anchor}: ${err.message}`);
+        if (err instanceof CorruptAnchor) throw invariantFailure(`${op}: ${anchor}: ${err.message}`);
         throw err;
       }
-      if (st === 'missing') throw invariantFailure(`writeGymRestartFallback: ${anchor} has no durable ${TRAINER_FILE} yet`);
-      if (st.version !== trainerVersion) throw invariantFailure(`writeGymRestartFallback: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
+      if (st === 'missing') throw invariantFailure(`${op}: ${anchor} has no durable ${TRAINER_FILE} yet`);
+      if (st.version !== trainerVersion) throw invariantFailure(`${op}: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
       const marker: GymRestartFallback = {
         schema_version: GYM_RESTART_FALLBACK_SCHEMA_VERSION,
         base_train_step: step,

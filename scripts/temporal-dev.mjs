@@ -32,6 +32,12 @@ export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
   // hand-off waits for the next 50 ms slot, so a workflow's next task started >= 40 ms after its
   // last one, whatever the work. A production cluster spreads this over many shards.
   'history.transferProcessorMaxPollRPS': 1000,
+  'history.timerProcessorMaxPollRPS': 1000,
+  'history.visibilityProcessorMaxPollRPS': 1000,
+  // A training run is one hot workflow: every rollout's start, report and close touches it. With
+  // this on, tasks that find it locked wait in a queue of its own instead of failing BUSY_WORKFLOW
+  // and backing off (controller-overhead: 75 -> 43-52 s for 1,000 rollouts).
+  'history.taskSchedulerEnableExecutionQueueScheduler': true,
 });
 
 // temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
@@ -187,6 +193,8 @@ async function startDevServerOnce(options) {
   if (dbFile) {
     mkdirSync(dirname(dbFile), { recursive: true });
     args.push('--db-filename', dbFile, '--sqlite-pragma', 'journal_mode=WAL', '--sqlite-pragma', 'synchronous=NORMAL');
+    // A 128 MiB page cache (the default is 2 MiB) and temporary tables in memory.
+    args.push('--sqlite-pragma', 'cache_size=-131072', '--sqlite-pragma', 'temp_store=MEMORY');
   }
   // Values are JSON: numbers and booleans bare, strings quoted.
   for (const [key, value] of Object.entries({ ...DEFAULT_DYNAMIC_CONFIG, ...extraDynamicConfig })) {

@@ -22,7 +22,7 @@ import type {
   SnapshotLocation,
   SnapshotManifest,
 } from '../protocol/controller.js';
-import { captureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, storageActivities } from './activities-proxy.js';
 import { checkpointCommitted, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
 

@@ -3,7 +3,7 @@
 // transitions: the training-run workflow holds one in its state and carries it across
 // continue-as-new; snapshots persist it as `ledger.json`.
 import type { TaskRef } from '../protocol/controller.js';
-import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 
 export const LEDGER_SCHEMA_VERSION = 1;
 

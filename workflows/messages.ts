@@ -1,6 +1,6 @@
 // Signals, queries and updates between the client, the training run and its children.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import type { CaptureKey } from '../protocol/ids.js';
+import type { CaptureKey } from '../protocol/episode-id.js';
 import type { CheckpointOutcome, RolloutReport } from '../protocol/controller.js';
 
 /** A rollout attempt → its training run (by workflow ID, so it reaches the current run after continue-as-new). */

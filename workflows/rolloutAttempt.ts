@@ -14,7 +14,7 @@ import {
   upsertMemo,
 } from '@temporalio/workflow';
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
-import { captureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
 import { deadlineExpired, rolloutFinished } from './messages.js';
 

@@ -20,7 +20,7 @@ import {
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import type { TrainBatch } from '../activities/trainer.js';
 import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport } from '../protocol/controller.js';
-import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 import type { RunConfig } from '../protocol/run-config.js';
 import { controlActivities, storageActivities } from './activities-proxy.js';
 import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js';
@@ -445,20 +445,18 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     }
   }
 
-  /** Trainer anchor durable → fallback marker → a Gym-aware snapshot at that anchor (controller.md §2.6). */
+  /**
+   * Trainer anchor durable → fallback marker → a Gym-aware snapshot at that anchor (controller.md
+   * §2.6). Anchor and marker are one activity, so a run lost between them cannot leave an anchor
+   * that a cold start must refuse.
+   */
   async function saveTrainerAnchor(step: number): Promise<void> {
+    const gymRestartFallback = { topologyFingerprint: st.topology?.fingerprint ?? '', ledger: packJson(st.ledger) };
     await withTrainerCatchUp(() =>
-      trainer.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step}` }, [
-        { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, step, cursor: st.ledger.cursor },
+      trainer.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step} and its Gym-restart fallback` }, [
+        { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, step, cursor: st.ledger.cursor, gymRestartFallback },
       ]),
     );
-    await trainer.writeGymRestartFallback({
-      checkpointDir: cfg.run.checkpoint_dir,
-      step,
-      trainerVersion: st.trainerVersion,
-      topologyFingerprint: st.topology?.fingerprint ?? '',
-      ledger: packJson(st.ledger),
-    });
     st.lastAnchorStep = step;
     // The batches before the anchor are in it now.
     st.trainedBatches = st.trainedBatches.filter((b) => b.step > step);

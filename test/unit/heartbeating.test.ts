@@ -1,0 +1,38 @@
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { describe, expect, it } from 'vitest';
+import { heartbeating } from '../../activities/activity-context.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+describe('heartbeating', () => {
+  it('sends nothing for a call that ends within one interval', async () => {
+    const env = new MockActivityEnvironment();
+    const beats: unknown[] = [];
+    env.on('heartbeat', (d: unknown) => beats.push(d));
+    expect(await env.run(() => heartbeating({ op: 'quick' }, async () => 'done', 200))).toBe('done');
+    await sleep(300);
+    expect(beats).toEqual([]);
+  });
+
+  it('beats every interval while a long call runs, and stops when it ends', async () => {
+    const env = new MockActivityEnvironment();
+    const beats: unknown[] = [];
+    env.on('heartbeat', (d: unknown) => beats.push(d));
+    await env.run(() => heartbeating({ op: 'long' }, () => sleep(230), 50));
+    expect(beats.length).toBeGreaterThanOrEqual(3);
+    expect(beats.length).toBeLessThanOrEqual(5);
+    expect(beats.every((d) => JSON.stringify(d) === '{"op":"long"}')).toBe(true);
+    const n = beats.length;
+    await sleep(150);
+    expect(beats).toHaveLength(n);
+  });
+
+  it('turns what the call threw into the cancellation once the activity is cancelled', async () => {
+    const env = new MockActivityEnvironment();
+    const run = env.run(() =>
+      heartbeating({ op: 'cancelled' }, (signal) => new Promise((_, reject) => signal!.addEventListener('abort', () => reject(new Error('aborted request')))), 50),
+    );
+    setTimeout(() => env.cancel('CANCELLED'), 20);
+    await expect(run).rejects.toMatchObject({ name: 'CancelledFailure' });
+  });
+});
