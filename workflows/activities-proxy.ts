@@ -1,5 +1,5 @@
 // The activity proxies of the workflows, with their timeouts and retry policies side by side.
-import { ActivityCancellationType, proxyActivities } from '@temporalio/workflow';
+import { ActivityCancellationType, proxyActivities, proxyLocalActivities } from '@temporalio/workflow';
 import type { createActivities } from '../activities/index.js';
 import { NON_RETRYABLE_ERROR_TYPES } from '../protocol/controller.js';
 
@@ -26,6 +26,17 @@ export function storageActivities(taskQueue?: string): Activities {
     startToCloseTimeout: '10 minutes',
     // Long ones heartbeat; this bounds how long an activity on a dead worker goes unnoticed.
     heartbeatTimeout: '20 seconds',
+    retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
+  });
+}
+
+/**
+ * Short snapshot file writes whose input is large and lives in the workflow (the ledger cut): run
+ * in the workflow's own worker, so the input never becomes a history event. Retried like storage.
+ */
+export function storageLocalActivities(): ReturnType<typeof proxyLocalActivities<ActivityFunctions>> {
+  return proxyLocalActivities<ActivityFunctions>({
+    startToCloseTimeout: '2 minutes',
     retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
   });
 }

@@ -136,12 +136,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     checkCommitInvariants(input, commit);
 
     await stage('ledger cut');
+    const settled = new Set([...commit.environmentKeys, ...restarts]);
     await getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
       checkpointId: id,
       tmpDir: location.tmpDir,
-      environmentKeys: commit.environmentKeys,
-      restarts,
-      scope: scope.map(captureKey),
+      unsettled: input.inFlight.map(captureKey).filter((k) => !settled.has(k)),
     });
     const gotCut = await timed('ledger_cut', () => condition(() => cut !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
     if (!gotCut || !cut) throw new AttemptFailed('timeout', 'the run did not write its ledger cut in time');

@@ -11,9 +11,20 @@ export const deadlineExpired = defineSignal('deadlineExpired');
 export interface CheckpointCommitted {
   checkpointId: string;
   tmpDir: string;
+  /**
+   * Episodes the run had in flight at the checkpoint's start that Gym neither committed nor
+   * reported as restarts: their `/run` replies may still be on the wire. Only these, not the
+   * committed keys: at 8,000 in flight the full lists made this signal ~0.5 MB of history.
+   */
+  unsettled: CaptureKey[];
+}
+
+/** The signal as checkpoint attempts started before `unsettled` sent it (histories still replay it). */
+export interface LegacyCheckpointCommitted {
+  checkpointId: string;
+  tmpDir: string;
   environmentKeys: CaptureKey[];
   restarts: CaptureKey[];
-  scope: CaptureKey[];
 }
 export interface LedgerCutWritten {
   checkpointId: string;
@@ -24,7 +35,7 @@ export interface LedgerCutWritten {
   trainerVersion: number;
 }
 /** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now. */
-export const checkpointCommitted = defineSignal<[CheckpointCommitted]>('checkpointCommitted');
+export const checkpointCommitted = defineSignal<[CheckpointCommitted | LegacyCheckpointCommitted]>('checkpointCommitted');
 /** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
 export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');
 

@@ -10,6 +10,7 @@ import {
   continueAsNew,
   getExternalWorkflowHandle,
   log,
+  patched,
   setCurrentDetails,
   setHandler,
   startChild,
@@ -22,7 +23,7 @@ import type { TrainBatch } from '../activities/trainer.js';
 import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 import type { RunConfig } from '../protocol/run-config.js';
-import { controlActivities, storageActivities } from './activities-proxy.js';
+import { controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
 import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js';
 import * as D from './deadlines.js';
 import * as L from './ledger.js';
@@ -40,6 +41,7 @@ import {
   runStatus,
   stopRun,
   type CheckpointCommitted,
+  type LegacyCheckpointCommitted,
   type RunStatus,
 } from './messages.js';
 import { GYM_RESTARTED, rolloutAttempt, rolloutWorkflowId } from './rolloutAttempt.js';
@@ -225,6 +227,9 @@ export function initialState(config: RunConfig): RunState {
   };
 }
 
+/** Patch: the ledger cut became a local activity; runs recorded before it replay the regular one. */
+const LEDGER_CUT_LOCAL = 'ledger-cut-local-activity';
+
 export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> {
   const cfg = input.config;
   const st = input.state === undefined ? initialState(cfg) : isPackedJson(input.state) ? unpackRunState(input.state, cfg.run.name) : input.state;
@@ -232,6 +237,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const control = controlActivities(cfg.run.task_queue);
   const storage = storageActivities(cfg.run.task_queue);
   const trainer = storageActivities(cfg.run.task_queue);
+  const storageLocal = storageLocalActivities();
   const totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
   const intervalMs = cfg.rollout_checkpointing.snapshot_attempt_interval_s === null ? null : cfg.rollout_checkpointing.snapshot_attempt_interval_s * 1000;
 
@@ -239,7 +245,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const wake = (): void => {
     changed = true;
   };
-  let cutRequest: CheckpointCommitted | undefined;
+  let cutRequest: CheckpointCommitted | LegacyCheckpointCommitted | undefined;
   let checkpointRunning = false;
   let boundaryRequested = false;
   let manualRequested = 0;
@@ -673,6 +679,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         .filter(({ attempt }) => attempt.continued)
         .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
     ];
+    const atStart = new Set(inFlight.map(captureKey));
     const handle = await startChild(checkpointAttempt, {
       workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
       taskQueue: cfg.run.task_queue,
@@ -705,14 +712,20 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       cutRequest = undefined;
       // Episodes neither continued nor restarts finished before the cut: their /run replies are
       // on the wire. Wait briefly so the cut holds their results (an attempt that never reached
-      // Gym simply reruns from its input after a cold restore).
-      const settled = new Set([...req.environmentKeys, ...req.restarts]);
+      // Gym simply reruns from its input after a cold restore). Dispatch is closed, so nothing
+      // joined st.inFlight since the start; anything that did counts as unsettled.
+      const unsettled =
+        'unsettled' in req
+          ? new Set(req.unsettled)
+          : ((settled) => new Set([...atStart].filter((k) => !settled.has(k))))(new Set([...req.environmentKeys, ...req.restarts]));
       await condition(
-        () => Object.keys(st.inFlight).every((k) => settled.has(k)) && st.reports.length === 0,
+        () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
         cfg.controller.late_result_wait_ms,
       );
       applyReports();
-      const cut = await storage.writeLedgerCut({ tmpDir: req.tmpDir, ledger: packJson(st.ledger) });
+      // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
+      const cutInput = { tmpDir: req.tmpDir, ledger: packJson(st.ledger) };
+      const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
       await handle.signal(ledgerCutWritten, {
         checkpointId,
         sha256: cut.sha256,
