@@ -18,6 +18,7 @@ export const BENCHMARKS: Readonly<Record<string, string>> = {
   'controller-overhead': 'the same rollouts by a plain /run driver and through the Temporal controller',
   'checkpoint-cost': 'a training run with checkpointing on vs off: throughput and per-step checkpoint time',
   'controller-scale': 'N rollouts in flight through the Temporal controller, one checkpoint',
+  'heartbeat-load': 'what parked, heartbeating activities (like /run) cost the dev server while idle',
 };
 
 /** Node flags we let through to the benchmark process (profiling, heap). */

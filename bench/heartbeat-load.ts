@@ -1,0 +1,102 @@
+// heartbeat-load: what parked, heartbeating activities cost the dev server while nothing else runs.
+//
+//   npm run bench -- heartbeat-load [--parked 2000] [--heartbeat-timeout 30] [--heartbeat-timeout 300]
+//                                   [--settle-s 70] [--window-s 30]
+//
+// For each heartbeat timeout: a fresh dev server (SQLite file, our defaults), N workflows that
+// each park one activity heartbeating through activities/activity-context.ts `heartbeating`, as a
+// `/run` does; after --settle-s the server's and this process's CPU seconds over --window-s. The
+// SDK sends a heartbeat at most every 0.8 × the heartbeat timeout, so N / (0.8 × timeout) per second.
+import { readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Client, Connection } from '@temporalio/client';
+import { DefaultLogger, NativeConnection, Runtime, Worker } from '@temporalio/worker';
+import { heartbeating } from '../activities/activity-context.js';
+import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
+import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** CPU seconds (user + system) of one process, from /proc. */
+function processCpuSeconds(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
+
+async function measure(parked: number, heartbeatTimeoutS: number, settleS: number, windowS: number): Promise<Row> {
+  const dir = await mkdtemp(join(tmpdir(), 'bench-heartbeat-'));
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  let release: () => void = () => undefined;
+  const released = new Promise<void>((r) => (release = r));
+  try {
+    const worker = await Worker.create({
+      connection: await NativeConnection.connect({ address: server.address }),
+      taskQueue: 'heartbeat-load',
+      workflowsPath: fileURLToPath(new URL('./lib/parked-workflow.ts', import.meta.url)),
+      activities: { park: () => heartbeating({ op: 'park' }, () => released) },
+      maxConcurrentActivityTaskExecutions: parked + 10,
+    });
+    const client = new Client({ connection: await Connection.connect({ address: server.address }) });
+    return await worker.runUntil(async () => {
+      const ids = Array.from({ length: parked }, (_, i) => `parked-${i}`);
+      for (let i = 0; i < ids.length; i += 100) {
+        await Promise.all(ids.slice(i, i + 100).map((workflowId) => client.workflow.start('parkedRollout', { taskQueue: 'heartbeat-load', workflowId, args: [heartbeatTimeoutS] })));
+      }
+      await sleep(settleS * 1000);
+      const s0 = processCpuSeconds(server.pid!);
+      const w0 = process.cpuUsage();
+      await sleep(windowS * 1000);
+      const serverCpu = processCpuSeconds(server.pid!) - s0;
+      const w = process.cpuUsage(w0);
+      release();
+      await Promise.all(ids.map((id) => client.workflow.getHandle(id).result().catch(() => undefined)));
+      return {
+        parked,
+        heartbeat_timeout_s: heartbeatTimeoutS,
+        heartbeats_per_s: round3(parked / (0.8 * heartbeatTimeoutS)),
+        window_s: windowS,
+        server_cpu_s: round3(serverCpu),
+        server_cores: round3(serverCpu / windowS),
+        worker_cpu_s: round3((w.user + w.system) / 1e6),
+      };
+    });
+  } finally {
+    release();
+    await server.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      parked: { type: 'string', default: '2000' },
+      'heartbeat-timeout': { type: 'string', multiple: true },
+      'settle-s': { type: 'string', default: '70' },
+      'window-s': { type: 'string', default: '30' },
+    },
+  });
+  Runtime.install({ logger: new DefaultLogger('WARN') });
+  const parked = Number(values.parked);
+  const timeouts = (values['heartbeat-timeout'] ?? ['30', '300']).map(Number);
+  const rows: Row[] = [];
+  for (const t of timeouts) {
+    console.log(`heartbeat-load: ${parked} parked activities, heartbeat timeout ${t} s …`);
+    rows.push(await measure(parked, t, Number(values['settle-s']), Number(values['window-s'])));
+  }
+  printTable(rows);
+  const first = rows[0]!;
+  const last = rows[rows.length - 1]!;
+  const perBeat =
+    rows.length > 1 && first.heartbeats_per_s !== last.heartbeats_per_s
+      ? ((first.server_cpu_s as number) - (last.server_cpu_s as number)) / (((first.heartbeats_per_s as number) - (last.heartbeats_per_s as number)) * (first.window_s as number))
+      : null;
+  if (perBeat !== null) console.log(`server CPU per heartbeat: ${(perBeat * 1000).toFixed(2)} ms`);
+  console.log(`wrote ${writeBenchResult('heartbeat-load', { parked, server_cores_first: first.server_cores as number, server_cpu_ms_per_heartbeat: perBeat === null ? null : round3(perBeat * 1000) }, rows)}`);
+}
+
+await main();
