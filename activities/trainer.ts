@@ -687,7 +687,9 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     );
     if (gymRestartFallback) {
       // Also on a retry that found the anchor durable: the marker may be what the first try missed.
-      await writeMarker(checkpointDir, step, saved.version, gymRestartFallback.topologyFingerprint, gymRestartFallback.ledger, 'saveTrainerCheckpoint');
+      // The anchor was just written or read back, so it needs no second check.
+      const { topologyFingerprint, ledger } = gymRestartFallback;
+      await storage(`writing ${markerPath(checkpointDir, step)}`, () => writeMarkerFile(checkpointDir, step, saved.version, topologyFingerprint, ledger));
     }
     return saved;
   }
@@ -705,40 +707,43 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
       input,
       'writeGymRestartFallback',
     );
-    return writeMarker(checkpointDir, step, trainerVersion, topologyFingerprint, ledger, 'writeGymRestartFallback');
-  }
-
-  async function writeMarker(
-    checkpointDir: string,
-    step: number,
-    trainerVersion: number,
-    topologyFingerprint: string,
-    ledger: Record<string, unknown>,
-    op: string,
-  ): Promise<{ path: string }> {
     const anchor = stepAnchor(step);
-    const file = path.join(checkpointDir, anchor, GYM_RESTART_FALLBACK_FILE);
-    return storage(`writing ${file}`, async () => {
+    return storage(`writing ${markerPath(checkpointDir, step)}`, async () => {
       // The marker says "this trainer checkpoint may be restored without Gym state" (§2.6): it must exist.
       let st: TrainerState | 'missing';
       try {
         st = await readAnchor(checkpointDir, anchor, step);
       } catch (err) {
-        if (err instanceof CorruptAnchor) throw invariantFailure(`${op}: ${anchor}: ${err.message}`);
+        if (err instanceof CorruptAnchor) throw invariantFailure(`writeGymRestartFallback: ${anchor}: ${err.message}`);
         throw err;
       }
-      if (st === 'missing') throw invariantFailure(`${op}: ${anchor} has no durable ${TRAINER_FILE} yet`);
-      if (st.version !== trainerVersion) throw invariantFailure(`${op}: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
-      const marker: GymRestartFallback = {
-        schema_version: GYM_RESTART_FALLBACK_SCHEMA_VERSION,
-        base_train_step: step,
-        trainer_version: trainerVersion,
-        gym_topology_fingerprint: topologyFingerprint,
-        ledger,
-      };
-      await writeFileDurably(file, `${JSON.stringify(sortKeysDeep(marker), null, 1)}\n`);
-      return { path: file };
+      if (st === 'missing') throw invariantFailure(`writeGymRestartFallback: ${anchor} has no durable ${TRAINER_FILE} yet`);
+      if (st.version !== trainerVersion) throw invariantFailure(`writeGymRestartFallback: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
+      return writeMarkerFile(checkpointDir, step, trainerVersion, topologyFingerprint, ledger);
     });
+  }
+
+  function markerPath(checkpointDir: string, step: number): string {
+    return path.join(checkpointDir, stepAnchor(step), GYM_RESTART_FALLBACK_FILE);
+  }
+
+  async function writeMarkerFile(
+    checkpointDir: string,
+    step: number,
+    trainerVersion: number,
+    topologyFingerprint: string,
+    ledger: Record<string, unknown>,
+  ): Promise<{ path: string }> {
+    const file = markerPath(checkpointDir, step);
+    const marker: GymRestartFallback = {
+      schema_version: GYM_RESTART_FALLBACK_SCHEMA_VERSION,
+      base_train_step: step,
+      trainer_version: trainerVersion,
+      gym_topology_fingerprint: topologyFingerprint,
+      ledger,
+    };
+    await writeFileDurably(file, `${JSON.stringify(sortKeysDeep(marker), null, 1)}\n`);
+    return { path: file };
   }
 
   async function readGymRestartFallback(input: { checkpointDir: string; anchor: string }): Promise<GymRestartFallback | null> {

@@ -7,7 +7,6 @@
 // each park one activity heartbeating through activities/activity-context.ts `heartbeating`, as a
 // `/run` does; after --settle-s the server's and this process's CPU seconds over --window-s. The
 // SDK sends a heartbeat at most every 0.8 × the heartbeat timeout, so N / (0.8 × timeout) per second.
-import { readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,14 +17,10 @@ import { DefaultLogger, NativeConnection, Runtime, Worker } from '@temporalio/wo
 import { heartbeating } from '../activities/activity-context.js';
 import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { groupCpuSeconds, sleep } from './scale.js';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** CPU seconds (user + system) of one process, from /proc. */
-function processCpuSeconds(pid: number): number {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return (Number(fields[11]) + Number(fields[12])) / 100;
-}
+/** CPU seconds of the dev server (its own process group). */
+const serverCpuSeconds = async (pid: number): Promise<number> => (await groupCpuSeconds([pid])).get(pid) ?? 0;
 
 async function measure(parked: number, heartbeatTimeoutS: number, settleS: number, windowS: number): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), 'bench-heartbeat-'));
@@ -47,10 +42,10 @@ async function measure(parked: number, heartbeatTimeoutS: number, settleS: numbe
         await Promise.all(ids.slice(i, i + 100).map((workflowId) => client.workflow.start('parkedRollout', { taskQueue: 'heartbeat-load', workflowId, args: [heartbeatTimeoutS] })));
       }
       await sleep(settleS * 1000);
-      const s0 = processCpuSeconds(server.pid!);
+      const s0 = await serverCpuSeconds(server.pid!);
       const w0 = process.cpuUsage();
       await sleep(windowS * 1000);
-      const serverCpu = processCpuSeconds(server.pid!) - s0;
+      const serverCpu = (await serverCpuSeconds(server.pid!)) - s0;
       const w = process.cpuUsage(w0);
       release();
       await Promise.all(ids.map((id) => client.workflow.getHandle(id).result().catch(() => undefined)));

@@ -19,6 +19,8 @@ export function controlActivities(taskQueue?: string): Activities {
   });
 }
 
+const storageRetry = { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes };
+
 /** Snapshot file I/O and ledger bookkeeping: retried until they succeed or fail for good. */
 export function storageActivities(taskQueue?: string): Activities {
   return proxyActivities<ActivityFunctions>({
@@ -26,7 +28,7 @@ export function storageActivities(taskQueue?: string): Activities {
     startToCloseTimeout: '10 minutes',
     // Long ones heartbeat; this bounds how long an activity on a dead worker goes unnoticed.
     heartbeatTimeout: '20 seconds',
-    retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
+    retry: storageRetry,
   });
 }
 
@@ -37,7 +39,7 @@ export function storageActivities(taskQueue?: string): Activities {
 export function storageLocalActivities(): ReturnType<typeof proxyLocalActivities<ActivityFunctions>> {
   return proxyLocalActivities<ActivityFunctions>({
     startToCloseTimeout: '2 minutes',
-    retry: { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes },
+    retry: storageRetry,
   });
 }
 

@@ -227,6 +227,12 @@ export function initialState(config: RunConfig): RunState {
   };
 }
 
+/** What an attempt that signalled the committed keys (not `unsettled`) means by it. */
+function legacyUnsettled(req: LegacyCheckpointCommitted, atStart: ReadonlySet<CaptureKey>): CaptureKey[] {
+  const settled = new Set([...req.environmentKeys, ...req.restarts]);
+  return [...atStart].filter((k) => !settled.has(k));
+}
+
 /** Patch: the ledger cut became a local activity; runs recorded before it replay the regular one. */
 const LEDGER_CUT_LOCAL = 'ledger-cut-local-activity';
 
@@ -714,10 +720,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       // on the wire. Wait briefly so the cut holds their results (an attempt that never reached
       // Gym simply reruns from its input after a cold restore). Dispatch is closed, so nothing
       // joined st.inFlight since the start; anything that did counts as unsettled.
-      const unsettled =
-        'unsettled' in req
-          ? new Set(req.unsettled)
-          : ((settled) => new Set([...atStart].filter((k) => !settled.has(k))))(new Set([...req.environmentKeys, ...req.restarts]));
+      const unsettled = new Set('unsettled' in req ? req.unsettled : legacyUnsettled(req, atStart));
       await condition(
         () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
         cfg.controller.late_result_wait_ms,
