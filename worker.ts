@@ -53,6 +53,9 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
     // Each /run holds a slot for its whole duration; they are I/O-bound.
     maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
     maxConcurrentActivityTaskPolls: 20,
+    // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
+    // not capped at the default 60 s: every one is a server write per parked rollout.
+    maxHeartbeatThrottleInterval: '1 hour',
   });
   let running: Promise<void> | undefined;
   return {

@@ -37,6 +37,7 @@ import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { createControllerWorkers } from '../worker.js';
 import { onExit } from './lib/cleanup.js';
+import { eventMs } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { Backend, TOKEN, gymYaml } from './scale.js';
 
@@ -52,15 +53,13 @@ async function activitySpans(handle: WorkflowHandle): Promise<ActivitySpan[]> {
   const history = await handle.fetchHistory();
   const scheduled = new Map<string, { name: string; at: number }>();
   const out: ActivitySpan[] = [];
-  const ms = (t: { seconds?: unknown; nanos?: number | null } | null | undefined): number =>
-    Number(t?.seconds ?? 0) * 1000 + (t?.nanos ?? 0) / 1e6;
   for (const e of history.events ?? []) {
     const s = e.activityTaskScheduledEventAttributes;
-    if (s) scheduled.set(String(e.eventId), { name: s.activityType?.name ?? '?', at: ms(e.eventTime) });
+    if (s) scheduled.set(String(e.eventId), { name: s.activityType?.name ?? '?', at: eventMs(e.eventTime) });
     const c = e.activityTaskCompletedEventAttributes;
     if (c) {
       const from = scheduled.get(String(c.scheduledEventId));
-      if (from) out.push({ name: from.name, seconds: (ms(e.eventTime) - from.at) / 1000 });
+      if (from) out.push({ name: from.name, seconds: (eventMs(e.eventTime) - from.at) / 1000 });
     }
   }
   return out;

@@ -39,6 +39,7 @@ import { rolloutIdOf } from '../workflows/ledger.js';
 import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
 import { createControllerWorkers } from '../worker.js';
 import { onExit } from './lib/cleanup.js';
+import { eventMs, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, newRunPool, postJson, type Reply } from './scale.js';
 
@@ -116,7 +117,7 @@ interface Lifecycle {
   total_s: number;
 }
 
-const tsMs = (t: { seconds?: unknown; nanos?: number | null } | null | undefined): number => Number(t?.seconds ?? 0) * 1000 + (t?.nanos ?? 0) / 1e6;
+const tsMs = eventMs;
 
 /** Up to `sample` rollout children of the run, evenly spread, timed from their histories. */
 async function lifecycle(client: Client, runName: string, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
@@ -133,23 +134,14 @@ async function lifecycle(client: Client, runName: string, rolloutIds: readonly s
   // The run's own workflow tasks: every dispatch and every report goes through one of them, in turn.
   const wft = { count: 0, queued: 0, busy: 0 };
   for (const parent of histories) {
-    const wftAt = new Map<string, number>();
     for (const e of parent.events ?? []) {
-      const t = tsMs(e.eventTime);
       const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
-      if (a?.workflowId) initiated.set(a.workflowId, t);
-      if (e.workflowTaskScheduledEventAttributes) wftAt.set(String(e.eventId), t);
-      const st = e.workflowTaskStartedEventAttributes;
-      if (st) {
-        wft.queued += t - (wftAt.get(String(st.scheduledEventId)) ?? t);
-        wftAt.set(`started:${String(e.eventId)}`, t);
-      }
-      const done = e.workflowTaskCompletedEventAttributes;
-      if (done) {
-        wft.count += 1;
-        wft.busy += t - (wftAt.get(`started:${String(done.startedEventId)}`) ?? t);
-      }
+      if (a?.workflowId) initiated.set(a.workflowId, tsMs(e.eventTime));
     }
+    const times = workflowTaskTimes(parent.events ?? []);
+    wft.count += times.count;
+    wft.queued += times.queuedMs;
+    wft.busy += times.busyMs;
   }
   const step = Math.max(1, Math.floor(rolloutIds.length / sample));
   const acc = { start_child_s: 0, first_task_s: 0, queue_s: 0, run_s: 0, report_s: 0, total_s: 0 };

@@ -14,9 +14,12 @@ import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
 import { closeActivityPools } from '../activities/index.js';
 import { createControllerWorkers } from '../worker.js';
+import { checkpointWorkflowId } from '../workflows/checkpointAttempt.js';
 import { checkpointNow, runStatus } from '../workflows/messages.js';
 import { onExit } from './lib/cleanup.js';
+import { activityTimes, eventMs, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { processGroupCpuSeconds, sleep } from './scale.js';
 
 const TOKEN = 'bench-controller-scale';
 const GYM = `checkpoint:
@@ -33,6 +36,31 @@ servers:
 async function post(url: string, body: unknown): Promise<void> {
   const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
   if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
+}
+
+const PARKED_WINDOW_S = 10;
+
+
+/**
+ * Where the checkpoint attempt's time went outside its stages: from the update to the child's
+ * start, the child's workflow tasks and activities waiting in the server's queues, and from the
+ * child's end to the update's answer.
+ */
+async function checkpointTiming(client: Client, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
+  const events = (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
+  const first = eventMs(events[0]?.eventTime);
+  const last = eventMs(events.at(-1)?.eventTime);
+  const wft = workflowTaskTimes(events);
+  let queued = 0;
+  for (const t of activityTimes(events).values()) queued += t.queuedMs;
+  return {
+    ckpt_start_s: round3((first - askedAt) / 1000),
+    ckpt_wf_tasks: wft.count,
+    ckpt_wft_queued_s: round3(wft.queuedMs / 1000),
+    ckpt_wft_busy_s: round3(wft.busyMs / 1000),
+    ckpt_activity_queued_s: round3(queued / 1000),
+    ckpt_answer_s: round3((answeredAt - last) / 1000),
+  };
 }
 
 async function runOnce(rollouts: number): Promise<Row> {
@@ -92,9 +120,15 @@ async function runOnce(rollouts: number): Promise<Row> {
     if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
     await new Promise((r) => setTimeout(r, 1000));
   }
+  // The dev server's load while everything is parked (the heartbeats of N parked `/run`s).
+  const cpu0 = await processGroupCpuSeconds(server.pid!);
+  await sleep(PARKED_WINDOW_S * 1000);
+  const parkedCores = ((await processGroupCpuSeconds(server.pid!)) - cpu0) / PARKED_WINDOW_S;
   const parkedAt = Date.now();
   const outcome = await handle.executeUpdate(checkpointNow);
+  const answeredAt = Date.now();
   await post(`${backend}/_ctl/release`, {});
+  const attempt = await checkpointTiming(client, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), parkedAt, answeredAt);
   const summary = await handle.result();
   const finishedAt = Date.now();
   const info = await handle.describe();
@@ -112,6 +146,8 @@ async function runOnce(rollouts: number): Promise<Row> {
     resume_s: round3(outcome.seconds.resume ?? 0),
     checkpoint_s: round3(outcome.seconds.total ?? 0),
     admission_closed_s: round3(outcome.seconds.admission_closed_seconds ?? 0),
+    ...attempt,
+    server_cores_parked: round3(parkedCores),
     finish_s: round3((finishedAt - parkedAt) / 1000),
     completed: summary.completedRollouts,
     // Failed attempts (each retried as the next attempt, within the attempt budget).

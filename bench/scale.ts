@@ -303,6 +303,11 @@ export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<num
   return out;
 }
 
+/** CPU seconds of one process group (e.g. the Temporal dev server, started as its own group). */
+export async function processGroupCpuSeconds(pgid: number): Promise<number> {
+  return (await groupCpuSeconds([pgid])).get(pgid) ?? 0;
+}
+
 /** CPU seconds per server between two `gymCpuSeconds` readings. */
 function cpuDelta(before: Record<string, number>, after: Record<string, number>): Record<string, number> {
   return Object.fromEntries(Object.entries(after).map(([name, s]) => [name, s - (before[name] ?? 0)]));

@@ -88,8 +88,13 @@ export const RunConfigSchema = z.strictObject({
       max_history_events: z.number().int().min(200).default(8_000),
       /** How long the ledger cut waits for `/run` replies already on the wire (ms). */
       late_result_wait_ms: z.number().int().min(0).default(3_000),
+      /**
+       * Heartbeat timeout of each `/run` activity: how long a dead worker's rollouts go unnoticed
+       * before they are retried elsewhere. Each parked `/run` writes to the server every 0.8 × this.
+       */
+      run_heartbeat_timeout_s: z.number().min(5).max(3_600).default(120),
     })
-    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000 }),
+    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120 }),
 });
 
 export type RunConfig = z.infer<typeof RunConfigSchema>;

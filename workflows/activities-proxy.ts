@@ -43,17 +43,22 @@ export function storageLocalActivities(): ReturnType<typeof proxyLocalActivities
   });
 }
 
+/** Heartbeat timeout of a `/run` started before `controller.run_heartbeat_timeout_s` existed. */
+const LEGACY_RUN_HEARTBEAT_TIMEOUT_S = 30;
+
 /** One long `/run`: hours at most, a heartbeat to notice a dead worker, unlimited transient retries. */
-export function runActivities(taskQueue?: string): Activities {
+export function runActivities(taskQueue?: string, heartbeatTimeoutS: number = LEGACY_RUN_HEARTBEAT_TIMEOUT_S): Activities {
   return proxyActivities<ActivityFunctions>({
     taskQueue,
     // Explicit: with the option unset, SDK 1.24 sends no cancellation type and core applies
     // TRY_CANCEL (proto default 0), despite the documented default. A rollout deadline must see
-    // the `/run` actually cancelled before it retires the attempt (controller.md §6, C6).
+    // the `/run` actually ended before it reports (controller.md §6, C6).
     cancellationType: ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     startToCloseTimeout: '24 hours',
-    // Each heartbeat that reaches the server is a write; thousands of rollouts heartbeat at once.
-    heartbeatTimeout: '30 seconds',
+    // Each heartbeat that reaches the server is a write of the rollout's state, sent every 0.8 ×
+    // this: thousands of parked rollouts heartbeat at once. It only notices a dead worker; a
+    // deadline ends the `/run` through the retire, not through a heartbeat reply.
+    heartbeatTimeout: `${heartbeatTimeoutS} seconds`,
     retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds', nonRetryableErrorTypes },
   });
 }

@@ -9,6 +9,7 @@ import {
   condition,
   getExternalWorkflowHandle,
   isCancellation,
+  patched,
   setHandler,
   sleep,
   upsertMemo,
@@ -35,6 +36,8 @@ export interface RolloutAttemptInput {
   controlTaskQueue: string;
   runTaskQueue: string;
   retireTimeoutS: number;
+  /** `controller.run_heartbeat_timeout_s` (absent in attempts started before the setting: 30 s). */
+  runHeartbeatTimeoutS?: number;
 }
 
 export async function rolloutAttempt(input: RolloutAttemptInput): Promise<RolloutReport> {
@@ -44,7 +47,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   setHandler(deadlineExpired, () => {
     expired = true;
   });
-  const runActs = runActivities(input.runTaskQueue);
+  const runActs = runActivities(input.runTaskQueue, input.runHeartbeatTimeoutS);
   const control = controlActivities(input.controlTaskQueue);
 
   const scope = new CancellationScope();
@@ -72,10 +75,18 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   if (outcome?.report) {
     report = outcome.report;
   } else if (outcome === undefined) {
-    // Deadline: cancel the HTTP call (the activity aborts its request), then retire the attempt.
+    // Deadline: cancel the HTTP call (the activity aborts its request) and retire the attempt.
+    // The cancellation reaches the activity only with its next heartbeat reply, up to 0.8 × the
+    // heartbeat timeout away; the retire makes the environment cancel the episode's task at once,
+    // so `/run` ends now either way. The report still waits until the activity has ended.
     scope.cancel();
-    await run.catch(() => undefined);
-    await retireEverywhere(control, input);
+    if (patched('deadline-retire-with-cancel')) {
+      await retireEverywhere(control, input);
+      await run.catch(() => undefined);
+    } else {
+      await run.catch(() => undefined);
+      await retireEverywhere(control, input);
+    }
     report = failedReport(input.episode, 'timed_out', 'rollout deadline expired', false, seconds());
   } else {
     const code = failureType(outcome.error);

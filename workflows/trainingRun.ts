@@ -551,6 +551,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 controlTaskQueue: cfg.run.task_queue,
                 runTaskQueue: cfg.run.rollout_task_queue,
                 retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
+                // Absent in configs parsed before the setting existed.
+                ...(cfg.controller.run_heartbeat_timeout_s !== undefined ? { runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s } : {}),
               },
             ],
           });

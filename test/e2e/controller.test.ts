@@ -64,6 +64,9 @@ function config(name: string, taskQueue: string, extra: Partial<Record<string, u
     rollout_checkpointing: { snapshot_attempt_interval_s: 1, gym: { prepare_timeout_s: 30 } },
     trainer: { enabled: false },
     checkpointing: { enabled: false },
+    // Some scenarios SIGKILL the worker under parked rollouts: their `/run`s are retried once this
+    // heartbeat timeout (default 120 s) has passed.
+    controller: { run_heartbeat_timeout_s: 15 },
     ...extra,
   });
 }

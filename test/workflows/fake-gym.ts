@@ -36,6 +36,8 @@ export interface FakeGymScript {
   /** `/run` replies wait for `finishRun(key)` (or `finishAll`); else they finish after `runMs`. */
   holdRuns?: boolean;
   runMs?: number;
+  /** `/run` never heartbeats: a cancellation cannot reach it (only a retire ends it). */
+  silentRuns?: boolean;
   reward?: (key: string) => number;
 }
 
@@ -60,6 +62,7 @@ export class FakeGym {
   running = new Set<string>();
   private prepareGate: (() => void) | undefined;
   private runWaiters = new Map<string, (reward: number) => void>();
+  private runRetirers = new Map<string, () => void>();
   metrics: CheckpointOutcome[] = [];
   ledgerCuts: unknown[] = [];
 
@@ -86,6 +89,11 @@ export class FakeGym {
     return this.calls.filter((c) => c.startsWith(prefix)).length;
   }
 
+  /** Capture keys of the `/run`s that ended cancelled or retired. */
+  endedRuns(): Set<string> {
+    return new Set(this.calls.filter((c) => c.startsWith('cancelled:') || c.startsWith('retired-run:')).map((c) => c.slice(c.indexOf(':') + 1)));
+  }
+
   /** Capture keys of every `/run` call, in call order. */
   runKeys(): string[] {
     return this.calls.filter((c) => c.startsWith('run:')).map((c) => c.slice('run:'.length));
@@ -93,7 +101,7 @@ export class FakeGym {
 
   /** Calls other than `/run` and discovery (the checkpoint protocol and snapshot I/O). */
   controlCalls(): string[] {
-    return this.calls.filter((c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && c !== 'discover' && !c.startsWith('forget:'));
+    return this.calls.filter((c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && !c.startsWith('retired-run:') && c !== 'discover' && !c.startsWith('forget:'));
   }
 
   activities(): Partial<Activities> {
@@ -178,6 +186,8 @@ export class FakeGym {
       },
       gymRetire: async (input) => {
         this.calls.push(`retire:${input.episodes.map(captureKey).join(',')}`);
+        // Like the environment: a retire cancels the episode's task, its `/run` ends `stale_attempt`.
+        for (const key of input.episodes.map(captureKey)) this.runRetirers.get(key)?.();
         return { retired: {}, seconds: 0 };
       },
       gymForget: async (input) => {
@@ -192,11 +202,16 @@ export class FakeGym {
         const ctx = Context.current();
         try {
           const reward = await new Promise<number>((resolve, reject) => {
-            const beat = setInterval(() => ctx.heartbeat(), 200);
+            const beat = s.silentRuns ? undefined : setInterval(() => ctx.heartbeat(), 200);
             const stop = (): void => clearInterval(beat);
             this.runWaiters.set(key, (reward) => {
               stop();
               resolve(reward);
+            });
+            this.runRetirers.set(key, () => {
+              stop();
+              this.calls.push(`retired-run:${key}`);
+              reject(ApplicationFailure.nonRetryable(`attempt ${key} was retired`, 'stale_attempt'));
             });
             if (!s.holdRuns) setTimeout(() => (stop(), resolve(s.reward?.(key) ?? 1)), s.runMs ?? 20);
             ctx.cancellationSignal.addEventListener('abort', () => {
@@ -207,6 +222,7 @@ export class FakeGym {
           return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds: (Date.now() - started) / 1000 };
         } finally {
           this.runWaiters.delete(key);
+          this.runRetirers.delete(key);
           this.running.delete(key);
           if (ctx.cancellationSignal.aborted) this.calls.push(`cancelled:${key}`);
         }
