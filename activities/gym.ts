@@ -7,9 +7,12 @@ import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import {
   FAILURE_TYPES,
+  GYM_COMMIT_FILE,
+  type GymCommitFile,
   type GymCommitOutcome,
   type GymMember,
   type GymParticipantCommit,
+  type GymParticipantCommitSummary,
   type GymPrepareOutcome,
   type GymRestoreOutcome,
   type EnvironmentCapabilities,
@@ -17,6 +20,7 @@ import {
 } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
+import { writeFileDurably } from './durable-files.js';
 import {
   activityContext,
   checkSeconds,
@@ -309,7 +313,7 @@ export function createGymActivities(deps: GymActivityDeps) {
         }),
       );
       const scopeKeys = new Set<CaptureKey>(input.scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt ?? 0 })));
-      const participants: Record<string, GymParticipantCommit> = {};
+      const committed: Record<string, GymParticipantCommit> = {};
       const problems: string[] = [];
       for (const m of dep.members) {
         const reply = replies[m.name];
@@ -323,7 +327,7 @@ export function createGymActivities(deps: GymActivityDeps) {
         if (man.instance !== m.name) problems.push(`${m.name}: manifest instance ${JSON.stringify(man.instance)}`);
         const outside = reply.episode_ids.filter((k) => !scopeKeys.has(k));
         if (outside.length > 0) problems.push(`${m.name}: committed episodes outside the scope: ${outside.slice(0, 10).join(', ')}`);
-        participants[m.name] = {
+        committed[m.name] = {
           kind: man.kind,
           instance: man.instance,
           manifest: man as Record<string, unknown>,
@@ -338,10 +342,20 @@ export function createGymActivities(deps: GymActivityDeps) {
           problems: problems.slice(0, 20).map((p) => clip(p)),
         });
       }
+      // The episode lists go to the snapshot directory, not into the workflow's history.
+      const file: GymCommitFile = { checkpoint_id: input.checkpointId, scope: [...scopeKeys], participants: committed };
+      try {
+        await writeFileDurably(path.join(input.checkpointDir, GYM_COMMIT_FILE), JSON.stringify(file));
+      } catch (err) {
+        throw storageFailure(`writing ${GYM_COMMIT_FILE} into ${input.checkpointDir}`, err);
+      }
+      const environmentKeys = new Set(committedEnvironmentKeys(dep, replies));
+      const participants: Record<string, GymParticipantCommitSummary> = {};
+      for (const [name, { episode_ids, ...rest }] of Object.entries(committed)) participants[name] = { ...rest, episode_count: episode_ids.length };
       return {
         checkpointId: input.checkpointId,
         participants,
-        environmentKeys: committedEnvironmentKeys(dep, replies),
+        uncommitted: file.scope.filter((k) => !environmentKeys.has(k)),
         seconds: secondsSince(start),
       };
     },

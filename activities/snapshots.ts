@@ -1,6 +1,7 @@
 // The snapshot bundle (docs/controller.md "The snapshot bundle", controller.md §3):
 //   <checkpoint_dir>/<anchor>/rollout_snapshots/{tmp_,trash_,}snapshot_NNNNNN/
 //     gym/<kind>/<instance>/   written by the Gym commit
+//     gym_commit.json          the commit's scope and episode lists (the manifest is completed from it)
 //     ledger.json              the controller's ledger cut
 //     manifest.json            written last
 // Allocation, writing, validation, atomic publication, retention and selection for restore.
@@ -10,8 +11,15 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { z } from 'zod';
-import { unpacked } from '../protocol/packed-json.js';
-import { FAILURE_TYPES, type SnapshotLocation, type SnapshotManifest } from '../protocol/controller.js';
+import { packJson, unpacked } from '../protocol/packed-json.js';
+import {
+  FAILURE_TYPES,
+  GYM_COMMIT_FILE,
+  type GymParticipantCommitSummary,
+  type SnapshotLocation,
+  type SnapshotManifest,
+  type SnapshotManifestSlim,
+} from '../protocol/controller.js';
 import { isProtocolError } from '../protocol/errors.js';
 import { CaptureKeySchema, CheckpointIdSchema } from '../protocol/ids.js';
 import { LosslessNumber } from '../protocol/lossless-json.js';
@@ -381,9 +389,59 @@ export async function publishSnapshot(input: PublishSnapshotInput): Promise<stri
 
 export interface FinalizeSnapshotInput {
   location: SnapshotLocation;
-  manifest: SnapshotManifest;
+  /** Its scope and episode lists may be left to the snapshot's commit file (`GYM_COMMIT_FILE`). */
+  manifest: SnapshotManifestSlim;
   /** The topology fingerprint the snapshot must carry. */
   fingerprint: string;
+}
+
+const GymCommitFileSchema = z.object({
+  checkpoint_id: z.string(),
+  scope: z.array(z.string()),
+  participants: z.record(z.string(), z.object({ kind: z.string(), instance: z.string(), episode_ids: z.array(z.string()) })),
+});
+
+/**
+ * A workflow's slim manifest completed from the commit file the Gym commit wrote into the same
+ * directory: the scope and each participant's episode IDs. A manifest that carries them already
+ * (an attempt whose commit predates the file) is taken as it is.
+ */
+async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Promise<SnapshotManifest> {
+  const g = slim.gym_checkpoint;
+  if (g.scope !== undefined && Object.values(g.participants).every((p) => 'episode_ids' in p)) return slim as SnapshotManifest;
+  const file = path.join(tmpDir, GYM_COMMIT_FILE);
+  let text: string;
+  try {
+    text = await fsp.readFile(file, 'utf8');
+  } catch (err) {
+    if (isErrno(err, 'ENOENT')) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
+    throw err;
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
+  }
+  const parsed = GymCommitFileSchema.safeParse(raw);
+  if (!parsed.success) throw invariantFailure(`${file} is invalid at ${schemaProblem(parsed.error)}`);
+  const commit = parsed.data;
+  if (commit.checkpoint_id !== slim.checkpoint_id) throw invariantFailure(`${file} is of checkpoint ${JSON.stringify(commit.checkpoint_id)}, not ${slim.checkpoint_id}`);
+  const names = Object.keys(g.participants).sort();
+  if (JSON.stringify(names) !== JSON.stringify(Object.keys(commit.participants).sort())) {
+    throw invariantFailure(`${file} names participants ${Object.keys(commit.participants).sort().join(',')}, the commit ${names.join(',')}`);
+  }
+  const participants: SnapshotManifest['gym_checkpoint']['participants'] = {};
+  for (const name of names) {
+    const p = g.participants[name]!;
+    const f = commit.participants[name]!;
+    const count = 'episode_count' in p ? p.episode_count : p.episode_ids.length;
+    if (f.kind !== p.kind || f.instance !== p.instance || f.episode_ids.length !== count) {
+      throw invariantFailure(`${file}: participant ${name} is ${f.kind}/${f.instance} with ${f.episode_ids.length} episodes, the commit ${p.kind}/${p.instance} with ${count}`);
+    }
+    participants[name] = { kind: p.kind, instance: p.instance, manifest: p.manifest, episode_ids: f.episode_ids };
+  }
+  return { ...slim, gym_checkpoint: { scope: g.scope ?? commit.scope, restarts: g.restarts, participants } };
 }
 
 /**
@@ -396,7 +454,8 @@ export async function finalizeSnapshot(input: FinalizeSnapshotInput): Promise<st
   if (!(await exists(tmpDir)) && (await exists(path.join(finalDir, SNAPSHOT_MANIFEST_FILE)))) {
     return publishSnapshot({ location: input.location });
   }
-  await writeSnapshotManifest({ tmpDir, manifest: input.manifest });
+  const manifest = await storage(`reading ${GYM_COMMIT_FILE} in ${tmpDir}`, () => completeManifest(tmpDir, input.manifest));
+  await writeSnapshotManifest({ tmpDir, manifest });
   await validateSnapshot({ dir: tmpDir, fingerprint: input.fingerprint });
   return publishSnapshot({ location: input.location });
 }
@@ -479,10 +538,21 @@ export interface SkippedSnapshot {
 export interface LatestSnapshot {
   dir: string;
   anchor: string;
-  manifest: SnapshotManifest;
+  /** Without the participants' episode IDs (they stay on disk): one payload, ≤ 2 MiB. */
+  manifest: SnapshotManifestSlim;
+  /** Packed (`protocol/packed-json.ts`): the plain ledger is ~300 bytes per rollout in flight. */
   ledger: unknown;
   /** Newer snapshots that did not validate, newest first. */
   skipped: SkippedSnapshot[];
+}
+
+/** The manifest with each participant's episode IDs replaced by their count. */
+function slimManifest(manifest: SnapshotManifest): SnapshotManifestSlim {
+  const participants: Record<string, GymParticipantCommitSummary> = {};
+  for (const [name, { episode_ids, ...rest }] of Object.entries(manifest.gym_checkpoint.participants)) {
+    participants[name] = { ...rest, episode_count: episode_ids.length };
+  }
+  return { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants } };
 }
 
 /** Anchors newest first: `step_<N>` by N descending, then `bootstrap`. */
@@ -526,7 +596,7 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
           try {
             const manifest = await validateSnapshot({ dir, ...(input.fingerprint !== undefined ? { fingerprint: input.fingerprint } : {}) });
             const ledger = await readLedger({ dir });
-            return { dir, anchor, manifest, ledger, skipped };
+            return { dir, anchor, manifest: slimManifest(manifest), ledger: packJson(ledger), skipped };
           } catch (err) {
             if (err instanceof ApplicationFailure && err.type === FAILURE_TYPES.invariant) {
               skipped.push({ dir, reason: err.message });

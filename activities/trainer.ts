@@ -21,7 +21,7 @@ import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { request } from 'undici';
 import { z } from 'zod';
-import { unpacked, type PackedJson } from '../protocol/packed-json.js';
+import { packJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
 import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
@@ -498,7 +498,8 @@ export interface GymRestartFallback {
   base_train_step: number;
   trainer_version: number;
   gym_topology_fingerprint: string;
-  ledger: Record<string, unknown>;
+  /** Plain as written; packed as read back (the plain ledger of thousands in flight is over a payload's limit). */
+  ledger: Record<string, unknown> | PackedJson;
 }
 
 export const GymRestartFallbackSchema = z.strictObject({
@@ -767,7 +768,8 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
       if (STEP_ANCHOR.test(input.anchor) && parsed.data.base_train_step !== Number(input.anchor.slice(5))) {
         throw invariantFailure(`${file} names step ${parsed.data.base_train_step}, not its anchor's`);
       }
-      return parsed.data;
+      // Packed: the plain ledger of thousands in flight is over one payload's limit.
+      return { ...parsed.data, ledger: packJson(parsed.data.ledger) };
     });
   }
 

@@ -49,6 +49,12 @@ const PARKED_WINDOW_S = 10;
 async function checkpointTiming(client: Client, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
   const events = (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
   const first = eventMs(events[0]?.eventTime);
+  if (process.env.BENCH_VERBOSE) {
+    for (const e of events) {
+      const type = Object.keys(e).find((k) => k.endsWith('EventAttributes') && (e as Record<string, unknown>)[k]) ?? '?';
+      console.log(`  ${(eventMs(e.eventTime) - first).toFixed(0).padStart(6)} ms  ${type.replace('EventAttributes', '')}`);
+    }
+  }
   const last = eventMs(events.at(-1)?.eventTime);
   const wft = workflowTaskTimes(events);
   let queued = 0;

@@ -51,6 +51,7 @@ export interface GymPrepareOutcome {
   seconds: number;
 }
 
+/** What one participant committed, as the snapshot manifest records it. */
 export interface GymParticipantCommit {
   kind: string;
   instance: string;
@@ -58,12 +59,36 @@ export interface GymParticipantCommit {
   episode_ids: CaptureKey[];
 }
 
+/** The same without its episode IDs (thousands at scale), which stay in the commit file. */
+export interface GymParticipantCommitSummary {
+  kind: string;
+  instance: string;
+  manifest: Record<string, unknown>;
+  episode_count: number;
+}
+
+/**
+ * Written by the commit into the temp snapshot directory: the scope and every participant's
+ * committed episode IDs. The manifest's `gym_checkpoint` is completed from it when the snapshot is
+ * finalized, so these lists never travel through workflow histories (~1.2 MB at 8,000 in flight,
+ * over Temporal's 2 MiB payload limit at ~14,000).
+ */
+export const GYM_COMMIT_FILE = 'gym_commit.json';
+
+export interface GymCommitFile {
+  checkpoint_id: string;
+  scope: CaptureKey[];
+  participants: Record<string, GymParticipantCommit>;
+}
+
 export interface GymCommitOutcome {
   checkpointId: string;
-  /** server name → what it committed. */
-  participants: Record<string, GymParticipantCommit>;
-  /** Capture keys the environment servers committed (the continued episodes). */
-  environmentKeys: CaptureKey[];
+  /** server name → what it committed (its episode IDs are in the commit file). */
+  participants: Record<string, GymParticipantCommitSummary | GymParticipantCommit>;
+  /** Scope episodes no environment server committed (they finished before the cut): usually none. */
+  uncommitted?: CaptureKey[];
+  /** Recorded by attempts before the commit file: every capture key the environment servers committed. */
+  environmentKeys?: CaptureKey[];
   seconds: number;
 }
 
@@ -146,6 +171,18 @@ export interface SnapshotManifest {
   created_at: string;
 }
 
+/**
+ * A snapshot manifest as it travels through workflows: the scope and the participants' episode
+ * IDs may be left out, to be read from the snapshot's commit file (`GYM_COMMIT_FILE`).
+ */
+export type SnapshotManifestSlim = Omit<SnapshotManifest, 'gym_checkpoint'> & {
+  gym_checkpoint: {
+    scope?: CaptureKey[];
+    restarts: CaptureKey[];
+    participants: Record<string, GymParticipantCommit | GymParticipantCommitSummary>;
+  };
+};
+
 export type CheckpointTrigger = 'periodic' | 'manual' | 'trainer_boundary';
 export type CheckpointOutcomeKind = 'completed' | 'skipped' | 'failed';
 export type CheckpointReason =
@@ -176,9 +213,14 @@ export interface CheckpointOutcome {
   /** Published snapshot directory, when one was published (also for release_pending). */
   snapshotDir?: string;
   sequence?: number;
-  /** Scope the snapshot continues (capture keys), for recovery. */
+  /**
+   * Scope the snapshot continues (capture keys), for recovery, and the restarts. Only in the
+   * attempt's own result: the outcomes a run keeps (status, summary, metrics file) carry the counts.
+   */
   scope?: CaptureKey[];
   restarts?: CaptureKey[];
+  scopeCount?: number;
+  restartCount?: number;
   /** Published but Gym not yet released: dispatch stays closed, the next attempt retries the release. */
   releasePending?: boolean;
   /** Gym prepared but the abort failed: dispatch stays closed, the next attempt retries the abort. */

@@ -20,7 +20,7 @@ import type {
   GymCommitOutcome,
   GymTopology,
   SnapshotLocation,
-  SnapshotManifest,
+  SnapshotManifestSlim,
 } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, storageActivities } from './activities-proxy.js';
@@ -136,17 +136,19 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     checkCommitInvariants(input, commit);
 
     await stage('ledger cut');
-    const settled = new Set([...commit.environmentKeys, ...restarts]);
+    // In flight at the start, neither committed nor a restart: scope episodes no environment committed.
+    const environmentKeys = commit.environmentKeys;
+    const settled = environmentKeys ? new Set([...environmentKeys, ...restarts]) : undefined;
     await getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
       checkpointId: id,
       tmpDir: location.tmpDir,
-      unsettled: input.inFlight.map(captureKey).filter((k) => !settled.has(k)),
+      unsettled: settled ? input.inFlight.map(captureKey).filter((k) => !settled.has(k)) : (commit.uncommitted ?? []),
     });
     const gotCut = await timed('ledger_cut', () => condition(() => cut !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
     if (!gotCut || !cut) throw new AttemptFailed('timeout', 'the run did not write its ledger cut in time');
 
     await stage('publish');
-    const manifest: SnapshotManifest = {
+    const manifest: SnapshotManifestSlim = {
       schema_version: 1,
       format: 'rollout-checkpoint/ts',
       run: input.run,
@@ -156,7 +158,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       trainer_version: cut.trainerVersion,
       dataloader_cursor: cut.dataloaderCursor,
       gym_topology_fingerprint: input.topology.fingerprint,
-      gym_checkpoint: { scope: scope.map(captureKey), restarts, participants: commit.participants },
+      // The scope and the episode lists are completed from the commit file when it finalizes;
+      // an attempt whose commit predates that file still carries them.
+      gym_checkpoint: environmentKeys ? { scope: scope.map(captureKey), restarts, participants: commit.participants } : { restarts, participants: commit.participants },
       ledger_sha256: cut.sha256,
       ledger_bytes: cut.bytes,
       created_at: new Date().toISOString(),

@@ -28,7 +28,7 @@ import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js'
 import * as D from './deadlines.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
-import { isPackedJson, packJson, unpackJson, type PackedJson } from '../protocol/packed-json.js';
+import { isPackedJson, packJson, unpackJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type EnvironmentLevel } from './target-levels.js';
 import {
   checkpointCommitted,
@@ -611,7 +611,12 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     D.release(st.deadlines, GYM_HOLDER, Date.now());
   }
 
-  async function record(o: CheckpointOutcome): Promise<void> {
+  async function record(full: CheckpointOutcome): Promise<void> {
+    // Kept (status, summary, metrics file, continue-as-new state) with counts, not the key lists:
+    // 50 outcomes of 8,000 keys each would outgrow every payload they travel in.
+    const { scope, restarts, ...o }: CheckpointOutcome = full;
+    if (scope) o.scopeCount = scope.length;
+    if (restarts) o.restartCount = restarts.length;
     st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
     if (o.outcome === 'failed') st.consecutiveFailures += 1;
     else st.consecutiveFailures = 0;
@@ -938,7 +943,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (anchor && snap.manifest.base_train_step !== anchor.step) {
         throw refuse(`snapshot ${snap.dir} is at step ${snap.manifest.base_train_step}, not at its anchor ${anchor.anchor}`);
       }
-      ledger = snap.ledger;
+      // Packed since the ledger of thousands in flight outgrew one payload; plain in older histories.
+      ledger = unpacked(snap.ledger);
       step = snap.manifest.base_train_step;
       version = snap.manifest.trainer_version;
     } else if (anchor) {
@@ -947,7 +953,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (fallback.gym_topology_fingerprint !== topology.fingerprint) {
         throw refuse(`the Gym topology of ${anchor.anchor} (${fallback.gym_topology_fingerprint.slice(0, 12)}…) differs from the discovered one (${topology.fingerprint.slice(0, 12)}…)`);
       }
-      ledger = fallback.ledger;
+      ledger = unpacked(fallback.ledger);
       step = anchor.step;
       version = anchor.version;
     } else {
@@ -974,7 +980,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       step * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt +
       Object.values(restored.groups).reduce((n, g) => n + g.siblings.filter((s) => L.currentAttempt(s).status === 'sealed').length, 0);
     st.lastSnapshot = snap?.dir ?? null;
-    st.lastSnapshotScope = snap ? snap.manifest.gym_checkpoint.scope : [];
+    st.lastSnapshotScope = snap?.manifest.gym_checkpoint.scope ?? [];
     st.restoredFrom = { anchor: anchor?.anchor ?? null, snapshotDir: snap?.dir ?? null, step, trainerVersion: version, skipped: snap?.skipped ?? [] };
     st.recoveryNeeded = true;
     log.info('cold start: taking over an existing checkpoint', { ...st.restoredFrom, skipped: st.restoredFrom.skipped.length });

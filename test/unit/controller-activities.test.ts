@@ -13,9 +13,9 @@ import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { topologyFingerprint } from '../../activities/gym.js';
 import { closeActivityPools, createActivities } from '../../activities/index.js';
-import { allocateSnapshot, validateSnapshot, writeLedgerCut, writeSnapshotManifest } from '../../activities/snapshots.js';
+import { allocateSnapshot, finalizeSnapshot, validateSnapshot, writeLedgerCut } from '../../activities/snapshots.js';
 import { taskAt } from '../../activities/dataset.js';
-import type { CheckpointOutcome, GymTopology, RolloutReport, RunEpisodeInput, SnapshotManifest } from '../../protocol/controller.js';
+import { GYM_COMMIT_FILE, type CheckpointOutcome, type GymCommitFile, type GymTopology, type RolloutReport, type RunEpisodeInput, type SnapshotManifestSlim } from '../../protocol/controller.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 
@@ -150,17 +150,25 @@ describe('Gym coordination activities', () => {
       { rollout_id: 'r2', attempt: 0 },
     ];
     const committed = await run(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope });
-    expect(committed.environmentKeys).toEqual(['r1', 'r2']);
+    // Both scope episodes were committed by the environment; the episode lists stay on disk.
+    expect(committed.uncommitted).toEqual([]);
+    expect(committed.environmentKeys).toBeUndefined();
     expect(Object.keys(committed.participants).sort()).toEqual(['env_main', 'res_main']);
-    expect(committed.participants.res_main).toMatchObject({ kind: 'resources', instance: 'res_main', episode_ids: ['r1'] });
+    expect(committed.participants.res_main).toEqual(expect.objectContaining({ kind: 'resources', instance: 'res_main', episode_count: 1 }));
+    expect(committed.participants.res_main).not.toHaveProperty('episode_ids');
     expect(committed.participants.env_main!.manifest.checkpoint_id).toBe('ckpt-b');
+    const commitFile = JSON.parse(await fsp.readFile(path.join(loc.tmpDir, GYM_COMMIT_FILE), 'utf8')) as GymCommitFile;
+    expect(commitFile).toMatchObject({ checkpoint_id: 'ckpt-b', scope: ['r1', 'r2'] });
+    expect(commitFile.participants.res_main!.episode_ids).toEqual(['r1']);
+    expect(commitFile.participants.env_main!.episode_ids).toEqual(['r1', 'r2']);
 
     const renewed = await run(acts.gymRenew, { topology, checkpointId: 'ckpt-b', timeoutS: 60 });
     expect(Object.keys(renewed.leases).sort()).toEqual(['env_main', 'res_main']);
 
-    // The commit result is what the snapshot manifest records; it validates against the disk.
+    // The commit result, completed from the commit file, is what the snapshot manifest records;
+    // it validates against the disk.
     const cut = await writeLedgerCut({ tmpDir: loc.tmpDir, ledger: { cursor: 1 } });
-    const manifest: SnapshotManifest = {
+    const slim: SnapshotManifestSlim = {
       schema_version: 1,
       format: 'rollout-checkpoint/ts',
       run: 'run-1',
@@ -170,13 +178,16 @@ describe('Gym coordination activities', () => {
       trainer_version: 0,
       dataloader_cursor: 1,
       gym_topology_fingerprint: topology.fingerprint,
-      gym_checkpoint: { scope: ['r1', 'r2'], restarts: prep.restarts, participants: committed.participants },
+      gym_checkpoint: { restarts: prep.restarts, participants: committed.participants },
       ledger_sha256: cut.sha256,
       ledger_bytes: cut.bytes,
       created_at: new Date().toISOString(),
     };
-    await writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest });
-    expect(await validateSnapshot({ dir: loc.tmpDir, fingerprint: topology.fingerprint })).toEqual(manifest);
+    const published = await finalizeSnapshot({ location: loc, manifest: slim, fingerprint: topology.fingerprint });
+    const manifest = await validateSnapshot({ dir: published, fingerprint: topology.fingerprint });
+    expect(manifest.gym_checkpoint.scope).toEqual(['r1', 'r2']);
+    expect(manifest.gym_checkpoint.participants.res_main).toMatchObject({ kind: 'resources', instance: 'res_main', episode_ids: ['r1'] });
+    expect(manifest.gym_checkpoint.participants.env_main!.manifest).toEqual(committed.participants.env_main!.manifest);
 
     // A commit of the same ID with another scope is refused: non-retryable, typed by its code.
     const conflict = await failureOf(

@@ -18,8 +18,8 @@ import {
   writeSnapshotManifest,
 } from '../../activities/snapshots.js';
 import { topologyFingerprint } from '../../activities/gym.js';
-import type { GymParticipantCommit, SnapshotLocation, SnapshotManifest } from '../../protocol/controller.js';
-import { packJson } from '../../protocol/packed-json.js';
+import { GYM_COMMIT_FILE, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
+import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage.js';
 
 let dir: string;
@@ -229,6 +229,45 @@ describe('finalizeSnapshot', () => {
     await expectFailure(finalizeSnapshot({ location: loc, manifest, fingerprint: 'e'.repeat(64) }), 'invariant_error', /fingerprint/);
     expect(existsSync(loc.finalDir)).toBe(false);
   });
+
+  /** The manifest as a workflow now sends it: no scope, participant episode lists as counts. */
+  const slimOf = (manifest: SnapshotManifest): SnapshotManifestSlim => {
+    const participants: SnapshotManifestSlim['gym_checkpoint']['participants'] = {};
+    for (const [name, { episode_ids, ...rest }] of Object.entries(manifest.gym_checkpoint.participants)) participants[name] = { ...rest, episode_count: episode_ids.length };
+    return { ...manifest, gym_checkpoint: { restarts: manifest.gym_checkpoint.restarts, participants } };
+  };
+  const commitFileOf = (manifest: SnapshotManifest): GymCommitFile => ({
+    checkpoint_id: manifest.checkpoint_id,
+    scope: manifest.gym_checkpoint.scope,
+    participants: manifest.gym_checkpoint.participants,
+  });
+
+  it('completes a slim manifest from the commit file the Gym commit wrote', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
+    await fsp.writeFile(path.join(loc.tmpDir, GYM_COMMIT_FILE), JSON.stringify(commitFileOf(manifest)));
+    expect(await finalizeSnapshot({ location: loc, manifest: slimOf(manifest), fingerprint: FINGERPRINT })).toBe(loc.finalDir);
+    expect(await validateSnapshot({ dir: loc.finalDir, fingerprint: FINGERPRINT })).toEqual(manifest);
+  });
+
+  it('refuses a slim manifest without its commit file, or with one of another commit', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
+    const slim = slimOf(manifest);
+    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /no gym_commit\.json/);
+    const file = path.join(loc.tmpDir, GYM_COMMIT_FILE);
+    await fsp.writeFile(file, JSON.stringify({ ...commitFileOf(manifest), checkpoint_id: 'another' }));
+    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /of checkpoint "another"/);
+    const fewer = commitFileOf(manifest);
+    fewer.participants = { ...fewer.participants, env: { ...fewer.participants.env!, episode_ids: ['r0'] } };
+    await fsp.writeFile(file, JSON.stringify(fewer));
+    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /participant env .* with 1 episodes, the commit .* with 3/);
+    await fsp.writeFile(file, '{"checkpoint_id": 1}');
+    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /is invalid at/);
+    expect(existsSync(loc.finalDir)).toBe(false);
+  });
 });
 
 describe('validateSnapshot', () => {
@@ -308,8 +347,14 @@ describe('latestSnapshot and readLedger', () => {
     expect(found).not.toBeNull();
     expect(found!.dir).toBe(good);
     expect(found!.anchor).toBe('step_10');
-    expect(found!.ledger).toEqual({ at: 'step_10/1' });
+    // Packed, and without the participants' episode lists: one activity result at any scale.
+    expect(isPackedJson(found!.ledger)).toBe(true);
+    expect(unpacked(found!.ledger)).toEqual({ at: 'step_10/1' });
     expect(found!.manifest.sequence).toBe(1);
+    for (const p of Object.values(found!.manifest.gym_checkpoint.participants)) {
+      expect(p).not.toHaveProperty('episode_ids');
+      expect(p).toHaveProperty('episode_count');
+    }
     expect(found!.skipped).toHaveLength(1);
     expect(found!.skipped[0]!.dir).toBe(corrupt);
     expect(found!.skipped[0]!.reason).toMatch(/ledger\.json/);

@@ -2,7 +2,7 @@
 // 127.0.0.1: a step trains from the call log and refits the backend, anchors round-trip, a lost
 // trainer reports `trainer_behind` and re-sent batches reproduce the lost steps exactly, corrupt
 // anchors are skipped, a retried step is idempotent. Plus the trajectory assembly from the call log.
-import { packJson } from '../../protocol/packed-json.js';
+import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
@@ -270,13 +270,16 @@ describe('trainer anchors', () => {
     const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: packJson({ run: 'r' }) });
     expect(marker.path).toBe(path.join(ckpt, 'step_2', GYM_RESTART_FALLBACK_FILE));
     expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({ base_train_step: 2, gym_topology_fingerprint: FINGERPRINT, ledger: { run: 'r' }, schema_version: 2, trainer_version: 2 });
-    expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' })).toEqual({
+    // Read back packed: the plain ledger of thousands in flight would be over a payload's limit.
+    const read = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
+    expect({ ...read, ledger: unpacked(read!.ledger) }).toEqual({
       schema_version: 2,
       base_train_step: 2,
       trainer_version: 2,
       gym_topology_fingerprint: FINGERPRINT,
       ledger: { run: 'r' },
     });
+    expect(isPackedJson(read!.ledger)).toBe(true);
     expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' })).toBeNull();
 
     // The run saves anchor and marker in one call; a retry after the anchor is durable (the
@@ -284,7 +287,9 @@ describe('trainer anchors', () => {
     await fsp.rm(marker.path);
     const fallback = { topologyFingerprint: FINGERPRINT, ledger: packJson({ run: 'r2' }) };
     expect(await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: fallback })).toEqual(saved);
-    expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' })).toMatchObject({ trainer_version: 2, ledger: { run: 'r2' } });
+    const reread = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
+    expect(reread).toMatchObject({ trainer_version: 2 });
+    expect(unpacked(reread!.ledger)).toEqual({ run: 'r2' });
     const badFingerprint = await failureOf(run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: { ...fallback, topologyFingerprint: '' } }));
     expect(badFingerprint.type).toBe('invariant_error');
 

@@ -171,10 +171,10 @@ export class FakeGym {
             kind: m.kind,
             instance: m.name,
             manifest: { checkpoint_id: input.checkpointId },
-            episode_ids: keys,
+            episode_count: keys.length,
           };
         }
-        return { checkpointId: input.checkpointId, participants, environmentKeys: keys, seconds: 0.01 };
+        return { checkpointId: input.checkpointId, participants, uncommitted: [], seconds: 0.01 };
       },
       gymResume: async (input) => {
         this.calls.push(`resume:${input.checkpointId}`);

@@ -100,11 +100,15 @@ describe('checkpoint attempts in a training run', () => {
       const s = await status(handle);
       expect(s.gates.gymCheckpoint).toBe(false);
       expect(s.lastSnapshot).toBe(outcome.snapshotDir);
+      // What the run keeps counts the keys instead of listing them.
+      expect(s.checkpoints.at(-1)).toMatchObject({ checkpointId: id, scopeCount: 2, restartCount: 0 });
+      expect(s.checkpoints.at(-1)).not.toHaveProperty('scope');
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
       expect(gym.runKeys()).toHaveLength(4);
       expectRunsOnce(gym);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
+      expect(gym.metrics[0]).not.toHaveProperty('scope');
       await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
