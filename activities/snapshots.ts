@@ -337,7 +337,7 @@ export async function validateSnapshot(input: ValidateSnapshotInput): Promise<Sn
           const [name, p] = entries[next++]!;
           let onDisk: Record<string, unknown>;
           try {
-            ({ manifest: onDisk } = await readRecords({ checkpointDir: dir, kind: p.kind, instance: p.instance, scope: new Set() }));
+            ({ manifest: onDisk } = await readRecords({ checkpointDir: dir, kind: p.kind, instance: p.instance, scope: new Set(), countOnly: true }));
           } catch (err) {
             if (isProtocolError(err)) throw bad(`participant ${name}: ${err.detail}`);
             throw err;

@@ -60,6 +60,12 @@ export interface ReadRecordsOptions {
   defer?: string;
   /** Default: deferMinBytes(); 0 defers every file. */
   deferMinBytes?: number;
+  /**
+   * Digest and record count only (a snapshot's validation before publication, §3.4): no line is
+   * parsed and nothing is kept. A matching digest proves the bytes are the ones the participant
+   * wrote, and it checked every record as it wrote it.
+   */
+  countOnly?: boolean;
 }
 
 /**
@@ -468,8 +474,8 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       await fh.close().catch(() => {});
       throw err;
     }
-    const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
-    if (opts.defer !== undefined && size >= (opts.deferMinBytes ?? deferMinBytes())) {
+    const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate, opts.countOnly === true);
+    if (opts.defer !== undefined && !opts.countOnly && size >= (opts.deferMinBytes ?? deferMinBytes())) {
       const workers = await RecordsWorkers.get();
       if (workers?.alive) {
         await fh.close().catch(() => {});
@@ -778,13 +784,22 @@ class RecordLines {
   readonly kept: StoredRecord[] = [];
   private partial: Buffer[] = [];
 
+  /** Count only: whether the bytes so far end inside a line (one without its LF yet). */
+  private inLine = false;
+
   constructor(
     private readonly file: string,
     private readonly scope: ReadonlySet<CaptureKey> | null,
     private readonly validate: ((record: StoredRecord) => unknown) | undefined,
+    private readonly countOnly = false,
   ) {}
 
   feed(chunk: Buffer): void {
+    if (this.countOnly) {
+      for (let nl = chunk.indexOf(10); nl >= 0; nl = chunk.indexOf(10, nl + 1)) this.count += 1;
+      if (chunk.length > 0) this.inLine = chunk[chunk.length - 1] !== 10;
+      return;
+    }
     let start = 0;
     for (;;) {
       const nl = chunk.indexOf(10, start);
@@ -805,6 +820,11 @@ class RecordLines {
 
   /** A last line without LF still counts (as the reference's line iteration does). */
   end(): void {
+    if (this.countOnly) {
+      if (this.inLine) this.count += 1;
+      this.inLine = false;
+      return;
+    }
     if (this.partial.length === 0) return;
     const line = Buffer.concat(this.partial);
     this.partial = [];

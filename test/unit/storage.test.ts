@@ -364,6 +364,31 @@ describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refus
   });
 });
 
+describe('readRecords countOnly (snapshot validation)', () => {
+  const count = () => readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope: new Set(), countOnly: true });
+
+  it('checks digest and count without parsing or keeping a record; a last line without LF counts', async () => {
+    await write(sampleRecords());
+    const r = await count();
+    expect(r.records).toEqual([]);
+    expect(r.manifest.record_count).toBe(3);
+    const line = '{"episode_id":{"rollout_id":"r1","attempt":0}}';
+    handWritten(`${line}\n${line}`);
+    expect((await count()).manifest.record_count).toBe(2);
+    handWritten('');
+    expect((await count()).manifest.record_count).toBe(0);
+  });
+
+  it('refuses a digest or count mismatch', async () => {
+    const line = '{"episode_id":{"rollout_id":"r1","attempt":0}}\n';
+    const dir = handWritten(line);
+    writeFileSync(path.join(dir, `records-${sha256(line)}.jsonl`), line.replace('r1', 'r2'));
+    expect(await refusal(count())).toMatch(/does not match its digest/);
+    handWritten(line, { record_count: 2 });
+    expect(await refusal(count())).toMatch(/holds 1 records, manifest says 2/);
+  });
+});
+
 describe('readRecords with a deferred field', () => {
   const deferred = (scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown) =>
     readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary', deferMinBytes: 0 });
