@@ -8,6 +8,7 @@ import {
   ApplicationFailure,
   condition,
   getExternalWorkflowHandle,
+  patched,
   setCurrentDetails,
   setHandler,
   upsertMemo,
@@ -24,7 +25,10 @@ import type {
 } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, storageActivities } from './activities-proxy.js';
-import { checkpointCommitted, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
+import { checkpointCommitted, checkpointPrepared, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
+
+/** Patch: the run is asked for its ledger cut after prepare, beside the commit. */
+export const EARLY_LEDGER_CUT = 'early-ledger-cut';
 
 export interface CheckpointAttemptInput {
   run: string;
@@ -124,6 +128,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     restarts = prep.restarts;
     const restartSet = new Set(prep.restarts);
     scope = input.inFlight.filter((e) => !restartSet.has(captureKey(e)));
+    // Gym is frozen: the run writes its ledger cut while Gym commits (usually the final one).
+    if (patched(EARLY_LEDGER_CUT)) {
+      await getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointPrepared, { checkpointId: id, tmpDir: location.tmpDir });
+    }
 
     await stage('commit');
     commit = await timed('commit', () =>

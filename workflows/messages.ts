@@ -34,7 +34,17 @@ export interface LedgerCutWritten {
   baseTrainStep: number;
   trainerVersion: number;
 }
-/** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now. */
+export interface CheckpointPrepared {
+  checkpointId: string;
+  tmpDir: string;
+}
+/**
+ * The checkpoint attempt → the run: Gym is prepared (frozen at its boundaries); write the ledger
+ * cut now, beside the commit. `checkpointCommitted` then says whether that cut holds every result
+ * it must, or the run writes it again.
+ */
+export const checkpointPrepared = defineSignal<[CheckpointPrepared]>('checkpointPrepared');
+/** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now (or confirm the early one). */
 export const checkpointCommitted = defineSignal<[CheckpointCommitted | LegacyCheckpointCommitted]>('checkpointCommitted');
 /** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
 export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');

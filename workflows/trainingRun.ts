@@ -32,6 +32,7 @@ import { isPackedJson, packJson, unpackJson, unpacked, type PackedJson } from '.
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type EnvironmentLevel } from './target-levels.js';
 import {
   checkpointCommitted,
+  checkpointPrepared,
   checkpointNow,
   deadlineExpired,
   ledgerCutWritten,
@@ -41,6 +42,8 @@ import {
   runStatus,
   stopRun,
   type CheckpointCommitted,
+  type CheckpointPrepared,
+  type LedgerCutWritten,
   type LegacyCheckpointCommitted,
   type RunStatus,
 } from './messages.js';
@@ -252,6 +255,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     changed = true;
   };
   let cutRequest: CheckpointCommitted | LegacyCheckpointCommitted | undefined;
+  let earlyCutRequest: CheckpointPrepared | undefined;
   let checkpointRunning = false;
   let boundaryRequested = false;
   let manualRequested = 0;
@@ -267,6 +271,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   });
   setHandler(checkpointCommitted, (c) => {
     cutRequest = c;
+    wake();
+  });
+  setHandler(checkpointPrepared, (c) => {
+    earlyCutRequest = c;
     wake();
   });
   setHandler(pauseRun, () => {
@@ -719,31 +727,44 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     });
     let outcome: CheckpointOutcome | undefined;
     const result = handle.result().then((o) => (outcome = o));
-    await condition(() => outcome !== undefined || cutRequest?.checkpointId === checkpointId);
-    if (outcome === undefined && cutRequest?.checkpointId === checkpointId) {
-      const req = cutRequest;
+    const committed = (): boolean => cutRequest?.checkpointId === checkpointId;
+    const prepared = (): boolean => earlyCutRequest?.checkpointId === checkpointId;
+    /** The ledger as it stands, written into the temp snapshot. */
+    const writeCut = async (tmpDir: string): Promise<LedgerCutWritten> => {
+      applyReports();
+      // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
+      const cutInput = { tmpDir, ledger: packJson(st.ledger) };
+      const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
+      return { checkpointId, sha256: cut.sha256, bytes: cut.bytes, dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
+    };
+    // Asked after prepare (Gym frozen): the cut is written while Gym commits. It stands unless an
+    // episode Gym did not commit was still in flight when it was written.
+    let early: { cut: LedgerCutWritten; inFlight: Set<CaptureKey> } | undefined;
+    await condition(() => outcome !== undefined || committed() || prepared());
+    if (outcome === undefined && !committed() && prepared()) {
+      const req = earlyCutRequest!;
+      earlyCutRequest = undefined;
+      const cut = await writeCut(req.tmpDir);
+      early = { cut, inFlight: new Set(Object.keys(st.inFlight)) };
+      await condition(() => outcome !== undefined || committed());
+    }
+    if (outcome === undefined && committed()) {
+      const req = cutRequest!;
       cutRequest = undefined;
       // Episodes neither continued nor restarts finished before the cut: their /run replies are
       // on the wire. Wait briefly so the cut holds their results (an attempt that never reached
       // Gym simply reruns from its input after a cold restore). Dispatch is closed, so nothing
       // joined st.inFlight since the start; anything that did counts as unsettled.
       const unsettled = new Set('unsettled' in req ? req.unsettled : legacyUnsettled(req, atStart));
-      await condition(
-        () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
-        cfg.controller.late_result_wait_ms,
-      );
-      applyReports();
-      // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
-      const cutInput = { tmpDir: req.tmpDir, ledger: packJson(st.ledger) };
-      const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
-      await handle.signal(ledgerCutWritten, {
-        checkpointId,
-        sha256: cut.sha256,
-        bytes: cut.bytes,
-        dataloaderCursor: st.ledger.cursor,
-        baseTrainStep: st.steps,
-        trainerVersion: st.trainerVersion,
-      });
+      let cut = early?.cut;
+      if (!early || [...unsettled].some((k) => early!.inFlight.has(k))) {
+        await condition(
+          () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
+          cfg.controller.late_result_wait_ms,
+        );
+        cut = await writeCut(req.tmpDir);
+      }
+      await handle.signal(ledgerCutWritten, cut!);
     }
     await result;
     const o = outcome!;

@@ -36,6 +36,11 @@ export interface FakeGymScript {
   /** `/run` replies wait for `finishRun(key)` (or `finishAll`); else they finish after `runMs`. */
   holdRuns?: boolean;
   runMs?: number;
+  /**
+   * Commit finds this many scope episodes already finished (not committed): their `/run`s reply
+   * once the commit is done, after the run's early ledger cut.
+   */
+  finishedBeforeCommit?: number;
   /** `/run` never heartbeats: a cancellation cannot reach it (only a retire ends it). */
   silentRuns?: boolean;
   reward?: (key: string) => number;
@@ -164,7 +169,9 @@ export class FakeGym {
           s.commitFailures! -= 1;
           fail(s.commitFailure ?? 'transient', 'commit');
         }
-        const keys = input.scope.map(captureKey).sort();
+        const finished = input.scope.map(captureKey).sort().slice(0, s.finishedBeforeCommit ?? 0);
+        const keys = input.scope.map(captureKey).filter((k) => !finished.includes(k)).sort();
+        if (finished.length > 0) setTimeout(() => finished.forEach((k) => this.finishRun(k)), 200);
         const participants: GymCommitOutcome['participants'] = {};
         for (const m of TOPOLOGY.members) {
           participants[s.commitWrongParticipants && m.kind === 'agent' ? 'stranger' : m.name] = {
@@ -174,7 +181,7 @@ export class FakeGym {
             episode_count: keys.length,
           };
         }
-        return { checkpointId: input.checkpointId, participants, uncommitted: [], seconds: 0.01 };
+        return { checkpointId: input.checkpointId, participants, uncommitted: finished, seconds: 0.01 };
       },
       gymResume: async (input) => {
         this.calls.push(`resume:${input.checkpointId}`);

@@ -77,6 +77,19 @@ function expectRunsOnce(gym: FakeGym): void {
   expect(new Set(keys).size, `duplicate /run calls: ${keys.join(' ')}`).toBe(keys.length);
 }
 
+/**
+ * The run writes its ledger cut once Gym is prepared, while Gym commits: exactly one cut, after
+ * the prepare, before the manifest (or the discard). Returns the calls without it.
+ */
+function expectCutBesideCommit(calls: string[], id: string): string[] {
+  expect(calls.filter((c) => c === 'ledger-cut')).toHaveLength(1);
+  const at = calls.indexOf('ledger-cut');
+  expect(at).toBeGreaterThan(calls.indexOf(`prepare:${id}`));
+  const next = calls.findIndex((c) => c === 'manifest' || c === 'discard');
+  expect(at).toBeLessThan(next);
+  return calls.filter((c) => c !== 'ledger-cut');
+}
+
 const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] =>
   [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
 
@@ -93,10 +106,10 @@ describe('checkpoint attempts in a training run', () => {
       expect([...(outcome.scope ?? [])].sort()).toEqual([...gym.running].sort());
       const id = outcome.checkpointId;
       expect(id).toMatch(/^rollout-step-0-snapshot-1-[0-9a-f]{32}$/);
-      const calls = gym.controlCalls();
-      expect(calls.slice(0, 7)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'ledger-cut', 'manifest', 'validate', 'publish:1']);
+      const calls = expectCutBesideCommit(gym.controlCalls(), id);
+      expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
       // Retention runs beside the release (either may start first).
-      expect(calls.slice(7).sort()).toEqual([`resume:${id}`, 'retention']);
+      expect(calls.slice(6).sort()).toEqual([`resume:${id}`, 'retention']);
       const s = await status(handle);
       expect(s.gates.gymCheckpoint).toBe(false);
       expect(s.lastSnapshot).toBe(outcome.snapshotDir);
@@ -110,6 +123,27 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
       await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+    });
+  });
+
+  it('1b. a result that reaches the run after its early ledger cut: the cut is written again and holds it', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, finishedBeforeCommit: 1 };
+    const cfg = runConfig('late-result-cut');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const [finished, parked] = [...gym.running].sort() as [string, string];
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'completed', scope: [finished, parked].sort() });
+      expect(gym.count('ledger-cut')).toBe(2);
+      // The first cut (beside the commit) still had it in flight; the published one has its result.
+      const sealed = (ledger: unknown): string[] =>
+        Object.values((ledger as { groups: Record<string, { siblings: { rollout_id: string; attempts: { status: string }[] }[] }> }).groups)
+          .flatMap((g) => g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id));
+      expect(sealed(gym.ledgerCuts[0])).toEqual([]);
+      expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
+      await finishRun(gym, handle);
     });
   });
 
@@ -184,7 +218,7 @@ describe('checkpoint attempts in a training run', () => {
       const outcome = await handle.executeUpdate(checkpointNow);
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error', abortPending: false });
       const id = outcome.checkpointId;
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, ...Array<string>(4).fill(`commit:${id}`), 'discard', `resume:${id}`]);
+      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, ...Array<string>(4).fill(`commit:${id}`), 'discard', `resume:${id}`]);
       expect((await status(handle)).gates.gymCheckpoint).toBe(false);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
@@ -203,7 +237,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome.error).toContain('refused');
       const id = outcome.checkpointId;
       // Not retried by the activity (non-retryable), aborted with the same ID.
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
+      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
       expect(summary.checkpoints.map((c) => c.reason)).toEqual(['io_error']);
@@ -223,7 +257,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(failure.type).toBe('invariant_error');
       const prepare = gym.calls.find((c) => c.startsWith('prepare:'))!;
       const id = prepare.slice('prepare:'.length);
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
+      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['failed/invariant_error']);
     });
   });
@@ -282,9 +316,9 @@ describe('checkpoint attempts in a training run', () => {
       expect(first).toMatchObject({ outcome: 'failed', reason: 'release_pending', releasePending: true, sequence: 1 });
       expect(first.snapshotDir).toMatch(/snapshot_000001$/);
       const id = first.checkpointId;
-      const calls = gym.controlCalls();
-      expect(calls.slice(0, 7)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'ledger-cut', 'manifest', 'validate', 'publish:1']);
-      expect(calls.slice(7).sort()).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
+      const calls = expectCutBesideCommit(gym.controlCalls(), id);
+      expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
+      expect(calls.slice(6).sort()).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
       let s = await status(handle);
       // Published and durable, Gym still paused: distinct from a pre-publication failure.
       expect(s).toMatchObject({ phase: 'release_pending', pendingRelease: id, pendingAbort: null, lastSnapshot: first.snapshotDir, gates: { gymCheckpoint: true } });
