@@ -27,6 +27,7 @@ import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
+import { readJsonFile } from './json-file.js';
 
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
 export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
@@ -268,23 +269,10 @@ function jsonEqual(a: unknown, b: unknown): boolean {
 }
 
 async function readSnapshotManifest(dir: string, bad: (what: string) => ApplicationFailure): Promise<SnapshotManifest> {
-  let text: string;
-  try {
-    text = await fsp.readFile(path.join(dir, SNAPSHOT_MANIFEST_FILE), 'utf8');
-  } catch (err) {
-    if (isErrno(err, 'ENOENT') || isErrno(err, 'ENOTDIR')) throw bad(`no ${SNAPSHOT_MANIFEST_FILE}`);
-    throw err;
-  }
-  let raw: unknown;
-  try {
-    raw = JSON.parse(text);
-  } catch (err) {
-    throw bad(`${SNAPSHOT_MANIFEST_FILE} is not JSON: ${errorMessage(err)}`);
-  }
-  const parsed = SnapshotManifestSchema.safeParse(raw);
-  if (!parsed.success) throw bad(`${SNAPSHOT_MANIFEST_FILE} is invalid at ${schemaProblem(parsed.error)}`);
+  const read = await readJsonFile(path.join(dir, SNAPSHOT_MANIFEST_FILE), SnapshotManifestSchema, bad);
+  if (!read) throw bad(`no ${SNAPSHOT_MANIFEST_FILE}`);
   // The raw object (not zod's copy): participant manifests keep their extras as written.
-  return raw as SnapshotManifest;
+  return read.raw as SnapshotManifest;
 }
 
 const PARTICIPANT_CONCURRENCY = 4;
@@ -410,22 +398,9 @@ async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Pro
   const g = slim.gym_checkpoint;
   if (g.scope !== undefined && Object.values(g.participants).every((p) => 'episode_ids' in p)) return slim as SnapshotManifest;
   const file = path.join(tmpDir, GYM_COMMIT_FILE);
-  let text: string;
-  try {
-    text = await fsp.readFile(file, 'utf8');
-  } catch (err) {
-    if (isErrno(err, 'ENOENT')) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
-    throw err;
-  }
-  let raw: unknown;
-  try {
-    raw = JSON.parse(text);
-  } catch (err) {
-    throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
-  }
-  const parsed = GymCommitFileSchema.safeParse(raw);
-  if (!parsed.success) throw invariantFailure(`${file} is invalid at ${schemaProblem(parsed.error)}`);
-  const commit = parsed.data;
+  const read = await readJsonFile(file, GymCommitFileSchema, (what) => invariantFailure(`${tmpDir}: ${what}`));
+  if (!read) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
+  const commit = read.data;
   if (commit.checkpoint_id !== slim.checkpoint_id) throw invariantFailure(`${file} is of checkpoint ${JSON.stringify(commit.checkpoint_id)}, not ${slim.checkpoint_id}`);
   const names = Object.keys(g.participants).sort();
   if (JSON.stringify(names) !== JSON.stringify(Object.keys(commit.participants).sort())) {

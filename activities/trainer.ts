@@ -28,6 +28,7 @@ import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFail
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
 import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
+import { readJsonFile } from './json-file.js';
 
 export const TRAINER_FILE = 'trainer.json';
 export const GYM_RESTART_FALLBACK_FILE = 'gym_restart_fallback.json';
@@ -750,26 +751,14 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
   async function readGymRestartFallback(input: { checkpointDir: string; anchor: string }): Promise<GymRestartFallback | null> {
     const file = path.join(input.checkpointDir, input.anchor, GYM_RESTART_FALLBACK_FILE);
     return storage(`reading ${file}`, async () => {
-      let text: string;
-      try {
-        text = await fsp.readFile(file, 'utf8');
-      } catch (err) {
-        if (isErrno(err, 'ENOENT')) return null;
-        throw err;
-      }
-      let raw: unknown;
-      try {
-        raw = JSON.parse(text);
-      } catch (err) {
-        throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
-      }
-      const parsed = GymRestartFallbackSchema.safeParse(raw);
-      if (!parsed.success) throw invariantFailure(`${file} is invalid at ${parsed.error.issues[0]!.path.join('.')}: ${parsed.error.issues[0]!.message}`);
-      if (STEP_ANCHOR.test(input.anchor) && parsed.data.base_train_step !== Number(input.anchor.slice(5))) {
-        throw invariantFailure(`${file} names step ${parsed.data.base_train_step}, not its anchor's`);
+      const read = await readJsonFile(file, GymRestartFallbackSchema, (what) => invariantFailure(`${path.dirname(file)}: ${what}`));
+      if (!read) return null;
+      const marker = read.data;
+      if (STEP_ANCHOR.test(input.anchor) && marker.base_train_step !== Number(input.anchor.slice(5))) {
+        throw invariantFailure(`${file} names step ${marker.base_train_step}, not its anchor's`);
       }
       // Packed: the plain ledger of thousands in flight is over one payload's limit.
-      return { ...parsed.data, ledger: packJson(parsed.data.ledger) };
+      return { ...marker, ledger: packJson(marker.ledger) };
     });
   }
 
