@@ -109,6 +109,9 @@ async function main(): Promise<void> {
     checkpointing: { enabled: true, save_period: 1 },
     rollout_checkpointing: { snapshot_attempt_interval_s: 5, keep_latest_k: 2, gym: { prepare_timeout_s: 60 } },
     rollout_recovery: { target_level: 'turn' },
+    // The demo SIGKILLs the worker: rollouts whose `/run` it held are retried once their heartbeat
+    // timeout passes (default 120 s, which keeps thousands of parked rollouts cheap for Temporal).
+    controller: { run_heartbeat_timeout_s: 20 },
   });
   const connection = await Connection.connect({ address: kept.address });
   const client = new Client({ connection });
