@@ -729,13 +729,15 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     const result = handle.result().then((o) => (outcome = o));
     const committed = (): boolean => cutRequest?.checkpointId === checkpointId;
     const prepared = (): boolean => earlyCutRequest?.checkpointId === checkpointId;
-    /** The ledger as it stands, written into the temp snapshot. */
-    const writeCut = async (tmpDir: string): Promise<LedgerCutWritten> => {
+    /** The ledger as it stands, written into the temp snapshot; with the episodes it had in flight. */
+    const writeCut = async (tmpDir: string): Promise<{ cut: LedgerCutWritten; inFlight: Set<CaptureKey> }> => {
       applyReports();
+      const inFlight = new Set(Object.keys(st.inFlight));
+      const cutOf = { dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
       // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
       const cutInput = { tmpDir, ledger: packJson(st.ledger) };
       const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
-      return { checkpointId, sha256: cut.sha256, bytes: cut.bytes, dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
+      return { cut: { checkpointId, sha256: cut.sha256, bytes: cut.bytes, ...cutOf }, inFlight };
     };
     // Asked after prepare (Gym frozen): the cut is written while Gym commits. It stands unless an
     // episode Gym did not commit was still in flight when it was written.
@@ -744,8 +746,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (outcome === undefined && !committed() && prepared()) {
       const req = earlyCutRequest!;
       earlyCutRequest = undefined;
-      const cut = await writeCut(req.tmpDir);
-      early = { cut, inFlight: new Set(Object.keys(st.inFlight)) };
+      // Best effort: a commit that failed meanwhile has the attempt discard the temp snapshot
+      // (the write is then refused); after a commit the cut is written again if this one is missing.
+      early = await writeCut(req.tmpDir).catch(() => undefined);
       await condition(() => outcome !== undefined || committed());
     }
     if (outcome === undefined && committed()) {
@@ -762,7 +765,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
           cfg.controller.late_result_wait_ms,
         );
-        cut = await writeCut(req.tmpDir);
+        cut = (await writeCut(req.tmpDir)).cut;
       }
       await handle.signal(ledgerCutWritten, cut!);
     }

@@ -41,6 +41,8 @@ export interface FakeGymScript {
    * once the commit is done, after the run's early ledger cut.
    */
   finishedBeforeCommit?: number;
+  /** The ledger cut waits this long before it writes (like the real one, it refuses a discarded directory). */
+  ledgerCutDelayMs?: number;
   /** `/run` never heartbeats: a cancellation cannot reach it (only a retire ends it). */
   silentRuns?: boolean;
   reward?: (key: string) => number;
@@ -70,6 +72,7 @@ export class FakeGym {
   private runRetirers = new Map<string, () => void>();
   metrics: CheckpointOutcome[] = [];
   ledgerCuts: unknown[] = [];
+  private discarded = new Set<string>();
 
   releasePrepare(): void {
     this.prepareGate?.();
@@ -106,7 +109,9 @@ export class FakeGym {
 
   /** Calls other than `/run` and discovery (the checkpoint protocol and snapshot I/O). */
   controlCalls(): string[] {
-    return this.calls.filter((c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && !c.startsWith('retired-run:') && c !== 'discover' && !c.startsWith('forget:'));
+    return this.calls.filter(
+      (c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && !c.startsWith('retired-run:') && c !== 'discover' && !c.startsWith('forget:') && c !== 'ledger-cut-refused',
+    );
   }
 
   activities(): Partial<Activities> {
@@ -242,6 +247,11 @@ export class FakeGym {
         return { root, anchor: input.anchor, sequence: seq, tmpDir: `${root}/tmp_snapshot_${name}`, finalDir: `${root}/snapshot_${name}` };
       },
       writeLedgerCut: async (input) => {
+        if (s.ledgerCutDelayMs) await new Promise((r) => setTimeout(r, s.ledgerCutDelayMs));
+        if (this.discarded.has(input.tmpDir)) {
+          this.calls.push('ledger-cut-refused');
+          throw ApplicationFailure.nonRetryable(`writeLedgerCut: ${input.tmpDir} does not exist`, 'invariant_error');
+        }
         this.calls.push('ledger-cut');
         const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
         this.ledgerCuts.push(ledger);
@@ -266,7 +276,8 @@ export class FakeGym {
         this.calls.push('retention');
         return [];
       },
-      discardSnapshot: async () => {
+      discardSnapshot: async (input) => {
+        this.discarded.add(input.tmpDir);
         this.calls.push('discard');
       },
       appendCheckpointMetrics: async (input) => {

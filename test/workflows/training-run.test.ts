@@ -244,6 +244,23 @@ describe('checkpoint attempts in a training run', () => {
     });
   });
 
+  it('3d. a commit that fails before the early ledger cut is written: the cut finds the snapshot discarded, the run goes on', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, commitFailures: 1, commitFailure: 'refusal', ledgerCutDelayMs: 500 };
+    const cfg = runConfig('commit-refused-before-cut');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const outcome = await handle.executeUpdate(checkpointNow);
+      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error' });
+      await until(() => gym.count('ledger-cut-refused') === 1, 'the early cut refused');
+      expect(gym.calls.filter((c) => c === 'ledger-cut')).toHaveLength(0);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+      expect(summary.checkpoints.map((c) => c.reason)).toEqual(['io_error']);
+    });
+  });
+
   it('4. commit naming other participants than the topology → abort with the same ID, the run fails with invariant_error', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true, commitWrongParticipants: true };
