@@ -1,0 +1,48 @@
+// The run config file as `npm run run -- start` reads it: examples/run.yaml parses, and a bad
+// value of the controller section is a config error naming its key.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { loadRunConfig } from '../../scripts/run.js';
+import { ConfigError } from '../../servers/common/config-error.js';
+
+const dir = mkdtempSync(path.join(tmpdir(), 'run-config-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const example = path.join(import.meta.dirname, '..', '..', 'examples', 'run.yaml');
+
+function configWith(controller: string): string {
+  const file = path.join(dir, `run-${Math.random().toString(36).slice(2)}.yaml`);
+  writeFileSync(
+    file,
+    `run: { name: r, gym_run_dir: /tmp/g, checkpoint_dir: /tmp/c }\ngrpo: { num_prompts_per_step: 1, num_generations_per_prompt: 2, max_num_steps: 1, tasksets: [counter] }\n${controller}\n`,
+  );
+  return file;
+}
+
+function configError(file: string): ConfigError {
+  try {
+    loadRunConfig(file);
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    return err as ConfigError;
+  }
+  throw new Error('expected a config error');
+}
+
+describe('run config: controller section', () => {
+  it('examples/run.yaml parses, with the /run heartbeat timeout it documents', () => {
+    expect(loadRunConfig(example).controller).toMatchObject({ run_heartbeat_timeout_s: 120 });
+  });
+
+  it('defaults the /run heartbeat timeout to 120 s and takes another value', () => {
+    expect(loadRunConfig(configWith('')).controller.run_heartbeat_timeout_s).toBe(120);
+    expect(loadRunConfig(configWith('controller: { run_heartbeat_timeout_s: 15 }')).controller.run_heartbeat_timeout_s).toBe(15);
+  });
+
+  it('a value below 5 s, or an unknown key, is an error naming the key', () => {
+    expect(configError(configWith('controller: { run_heartbeat_timeout_s: 1 }')).message).toContain('controller.run_heartbeat_timeout_s');
+    expect(configError(configWith('controller: { heartbeat_s: 30 }')).message).toContain('controller.heartbeat_s');
+  });
+});
