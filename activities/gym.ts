@@ -2,17 +2,16 @@
 // (control-plane.md §11), with CoordinationErrors turned into typed ApplicationFailures that the
 // checkpoint workflow branches on (docs/controller.md "Activities").
 import { createHash } from 'node:crypto';
-import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import {
   FAILURE_TYPES,
   GYM_COMMIT_FILE,
+  commitSummaries,
   type GymCommitFile,
   type GymCommitOutcome,
   type GymMember,
   type GymParticipantCommit,
-  type GymParticipantCommitSummary,
   type GymPrepareOutcome,
   type GymRestoreOutcome,
   type EnvironmentCapabilities,
@@ -21,6 +20,7 @@ import {
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
 import { writeFileDurably } from './durable-files.js';
+import { readJsonFile } from './json-file.js';
 import {
   activityContext,
   checkSeconds,
@@ -191,25 +191,12 @@ export interface GymForgetOutcome {
 
 async function readEndpoints(runDir: string): Promise<Endpoints> {
   const file = path.join(runDir, ENDPOINTS_FILE);
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (err) {
-    // Missing: the launcher may not have written it yet; retry.
-    throw storageFailure(`cannot read ${file}`, err);
-  }
-  let raw: unknown;
-  try {
-    raw = JSON.parse(text);
-  } catch (err) {
-    throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
-  }
-  const parsed = EndpointsSchema.safeParse(raw);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    throw invariantFailure(`${file} is invalid at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
-  }
-  return parsed.data;
+  const read = await readJsonFile(file, EndpointsSchema, (what) => invariantFailure(`${runDir}: ${what}`)).catch((err: unknown) => {
+    throw err instanceof ApplicationFailure ? err : storageFailure(`cannot read ${file}`, err);
+  });
+  // Missing: the launcher may not have written it yet; retry.
+  if (!read) throw storageFailure(`cannot read ${file}`, { code: 'ENOENT', message: 'no such file or directory' });
+  return read.data;
 }
 
 type Statuses = Record<string, unknown>;
@@ -350,11 +337,9 @@ export function createGymActivities(deps: GymActivityDeps) {
         throw storageFailure(`writing ${GYM_COMMIT_FILE} into ${input.checkpointDir}`, err);
       }
       const environmentKeys = new Set(committedEnvironmentKeys(dep, replies));
-      const participants: Record<string, GymParticipantCommitSummary> = {};
-      for (const [name, { episode_ids, ...rest }] of Object.entries(committed)) participants[name] = { ...rest, episode_count: episode_ids.length };
       return {
         checkpointId: input.checkpointId,
-        participants,
+        participants: commitSummaries(committed),
         uncommitted: file.scope.filter((k) => !environmentKeys.has(k)),
         seconds: secondsSince(start),
       };

@@ -15,7 +15,7 @@ import { packJson, unpacked } from '../protocol/packed-json.js';
 import {
   FAILURE_TYPES,
   GYM_COMMIT_FILE,
-  type GymParticipantCommitSummary,
+  commitSummaries,
   type SnapshotLocation,
   type SnapshotManifest,
   type SnapshotManifestSlim,
@@ -523,11 +523,7 @@ export interface LatestSnapshot {
 
 /** The manifest with each participant's episode IDs replaced by their count. */
 function slimManifest(manifest: SnapshotManifest): SnapshotManifestSlim {
-  const participants: Record<string, GymParticipantCommitSummary> = {};
-  for (const [name, { episode_ids, ...rest }] of Object.entries(manifest.gym_checkpoint.participants)) {
-    participants[name] = { ...rest, episode_count: episode_ids.length };
-  }
-  return { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants } };
+  return { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants: commitSummaries(manifest.gym_checkpoint.participants) } };
 }
 
 /** Anchors newest first: `step_<N>` by N descending, then `bootstrap`. */

@@ -67,6 +67,13 @@ export interface GymParticipantCommitSummary {
   episode_count: number;
 }
 
+/** Each participant's commit with its episode IDs replaced by their count. */
+export function commitSummaries(participants: Record<string, GymParticipantCommit>): Record<string, GymParticipantCommitSummary> {
+  const out: Record<string, GymParticipantCommitSummary> = {};
+  for (const [name, { episode_ids, ...rest }] of Object.entries(participants)) out[name] = { ...rest, episode_count: episode_ids.length };
+  return out;
+}
+
 /**
  * Written by the commit into the temp snapshot directory: the scope and every participant's
  * committed episode IDs. The manifest's `gym_checkpoint` is completed from it when the snapshot is

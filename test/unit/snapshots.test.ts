@@ -18,7 +18,7 @@ import {
   writeSnapshotManifest,
 } from '../../activities/snapshots.js';
 import { topologyFingerprint } from '../../activities/gym.js';
-import { GYM_COMMIT_FILE, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
+import { GYM_COMMIT_FILE, commitSummaries, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
 import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage.js';
 
@@ -231,11 +231,10 @@ describe('finalizeSnapshot', () => {
   });
 
   /** The manifest as a workflow now sends it: no scope, participant episode lists as counts. */
-  const slimOf = (manifest: SnapshotManifest): SnapshotManifestSlim => {
-    const participants: SnapshotManifestSlim['gym_checkpoint']['participants'] = {};
-    for (const [name, { episode_ids, ...rest }] of Object.entries(manifest.gym_checkpoint.participants)) participants[name] = { ...rest, episode_count: episode_ids.length };
-    return { ...manifest, gym_checkpoint: { restarts: manifest.gym_checkpoint.restarts, participants } };
-  };
+  const slimOf = (manifest: SnapshotManifest): SnapshotManifestSlim => ({
+    ...manifest,
+    gym_checkpoint: { restarts: manifest.gym_checkpoint.restarts, participants: commitSummaries(manifest.gym_checkpoint.participants) },
+  });
   const commitFileOf = (manifest: SnapshotManifest): GymCommitFile => ({
     checkpoint_id: manifest.checkpoint_id,
     scope: manifest.gym_checkpoint.scope,
