@@ -21,6 +21,7 @@ const SCENARIOS: Record<string, string[]> = {
   'abort-pending': ['trainingRun', 'checkpointAttempt', 'checkpointAttempt'],
   'deadline-held': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
   'deadline-expiry': ['trainingRun', 'rolloutAttempt', 'rolloutAttempt'],
+  'early-cut': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
 };
 
 async function replay(histories: Array<{ workflowId: string; history: unknown }>): Promise<Array<{ workflowId: string; error: unknown }>> {

@@ -123,6 +123,8 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
       await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      // Recorded after the early ledger cut landed (clean-attempt predates it).
+      await recordHistories(env, 'early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
