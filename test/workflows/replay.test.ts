@@ -22,6 +22,7 @@ const SCENARIOS: Record<string, string[]> = {
   'deadline-held': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
   'deadline-expiry': ['trainingRun', 'rolloutAttempt', 'rolloutAttempt'],
   'early-cut': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
+  'signals-beside-stages': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
 };
 
 async function replay(histories: Array<{ workflowId: string; history: unknown }>): Promise<Array<{ workflowId: string; error: unknown }>> {

@@ -81,6 +81,22 @@ function expectRunsOnce(gym: FakeGym): void {
  * The run writes its ledger cut once Gym is prepared, while Gym commits: exactly one cut, after
  * the prepare, before the manifest (or the discard). Returns the calls without it.
  */
+/**
+ * The checkpoint attempt's signals to the run go out in the same workflow task as the next stage's
+ * activity: no task of its own waits for a signal's delivery while admission is closed.
+ */
+async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<void> {
+  const { events = [] } = await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory();
+  const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
+  expect(signals.map((a) => a.signalName)).toEqual(['checkpointPrepared', 'checkpointCommitted']);
+  const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
+  const commitTask = events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymCommit')!.activityTaskScheduledEventAttributes!;
+  expect(taskOf(signals[0]!)).toBe(taskOf(commitTask));
+  // The wait for the cut starts in the task that sent the committed signal: no timer of a later task.
+  const timer = events.find((e) => e.timerStartedEventAttributes)?.timerStartedEventAttributes;
+  if (timer) expect(taskOf(timer)).toBe(taskOf(signals[1]!));
+}
+
 function expectCutBesideCommit(calls: string[], id: string): string[] {
   expect(calls.filter((c) => c === 'ledger-cut')).toHaveLength(1);
   const at = calls.indexOf('ledger-cut');
@@ -108,6 +124,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(id).toMatch(/^rollout-step-0-snapshot-1-[0-9a-f]{32}$/);
       const calls = expectCutBesideCommit(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
+      await expectSignalsBesideStages(checkpointWorkflowId(cfg.run.name, id));
       // Retention runs beside the release (either may start first).
       expect(calls.slice(6).sort()).toEqual([`resume:${id}`, 'retention']);
       const s = await status(handle);
@@ -146,6 +163,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(sealed(gym.ledgerCuts[0])).toEqual([]);
       expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
       await finishRun(gym, handle);
+      await recordHistories(env, 'signals-beside-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
     });
   });
 
