@@ -21,7 +21,7 @@ import {
   type SnapshotManifestSlim,
 } from '../protocol/controller.js';
 import { isProtocolError } from '../protocol/errors.js';
-import { CaptureKeySchema, CheckpointIdSchema } from '../protocol/ids.js';
+import { CheckpointIdSchema, captureKeyList } from '../protocol/ids.js';
 import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage.js';
@@ -71,15 +71,15 @@ export const SnapshotManifestSchema = z.strictObject({
   dataloader_cursor: Count,
   gym_topology_fingerprint: Sha256Hex,
   gym_checkpoint: z.strictObject({
-    scope: z.array(CaptureKeySchema),
-    restarts: z.array(CaptureKeySchema),
+    scope: captureKeyList(),
+    restarts: captureKeyList(),
     participants: z.record(
       z.string(),
       z.strictObject({
         kind: z.string(),
         instance: z.string(),
         manifest: ManifestSchema,
-        episode_ids: z.array(CaptureKeySchema),
+        episode_ids: captureKeyList(),
       }),
     ),
   }),
@@ -284,11 +284,19 @@ const PARTICIPANT_CONCURRENCY = 4;
  * Any problem → non-retryable `invariant_error`.
  */
 export async function validateSnapshot(input: ValidateSnapshotInput): Promise<SnapshotManifest> {
-  const dir = input.dir;
+  return checkSnapshot(input.dir, input.fingerprint, (bad) => readSnapshotManifest(input.dir, bad));
+}
+
+/** `validateSnapshot` of a manifest given or read by `manifestOf` (its schema already checked). */
+async function checkSnapshot(
+  dir: string,
+  fingerprint: string | undefined,
+  manifestOf: (bad: (what: string) => ApplicationFailure) => Promise<SnapshotManifest>,
+): Promise<SnapshotManifest> {
   const bad = (what: string): ApplicationFailure => invariantFailure(`snapshot ${dir} is invalid: ${what}`, { dir, problem: what.slice(0, 300) });
   return heartbeating({ op: 'validateSnapshot', dir }, () =>
     storage(`validating snapshot ${dir}`, async () => {
-      const manifest = await readSnapshotManifest(dir, bad);
+      const manifest = await manifestOf(bad);
 
       const m = /^(?:tmp_)?snapshot_(\d{6,})$/.exec(path.basename(dir));
       if (m && Number(m[1]) !== manifest.sequence) throw bad(`sequence ${manifest.sequence} does not match the directory name`);
@@ -298,8 +306,8 @@ export async function validateSnapshot(input: ValidateSnapshotInput): Promise<Sn
           throw bad(`base_train_step ${manifest.base_train_step} does not match its anchor (step ${step})`);
         }
       }
-      if (input.fingerprint !== undefined && input.fingerprint !== manifest.gym_topology_fingerprint) {
-        throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${input.fingerprint}`);
+      if (fingerprint !== undefined && fingerprint !== manifest.gym_topology_fingerprint) {
+        throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${fingerprint}`);
       }
 
       let ledger: { sha256: string; bytes: number };
@@ -431,7 +439,8 @@ export async function finalizeSnapshot(input: FinalizeSnapshotInput): Promise<st
   }
   const manifest = await storage(`reading ${GYM_COMMIT_FILE} in ${tmpDir}`, () => completeManifest(tmpDir, input.manifest));
   await writeSnapshotManifest({ tmpDir, manifest });
-  await validateSnapshot({ dir: tmpDir, fingerprint: input.fingerprint });
+  // The manifest just checked and written, not read back and parsed again: admission is closed.
+  await checkSnapshot(tmpDir, input.fingerprint, async () => manifest);
   return publishSnapshot({ location: input.location });
 }
 

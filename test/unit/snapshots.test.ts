@@ -155,6 +155,15 @@ describe('writeLedgerCut / writeSnapshotManifest', () => {
     );
     await expectFailure(writeLedgerCut({ tmpDir: path.join(dir, 'elsewhere'), ledger: {} }), 'invariant_error');
   });
+
+  it('refuses an episode list holding something that is not a capture key, naming where', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const manifest = await writeBundle(loc);
+    const [name, p] = Object.entries(manifest.gym_checkpoint.participants)[0]!;
+    const broken = { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants: { ...manifest.gym_checkpoint.participants, [name]: { ...p, episode_ids: [...p.episode_ids, 'not a key'] } } } };
+    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: broken }), 'invariant_error', new RegExp(`participants\\.${name}\\.episode_ids\\.${p.episode_ids.length}: not a valid capture key`));
+    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, scope: [7] } } as unknown as SnapshotManifest }), 'invariant_error', /scope\.0/);
+  });
 });
 
 describe('publishSnapshot', () => {

@@ -86,7 +86,7 @@ function expectRunsOnce(gym: FakeGym): void {
  * activity: no task of its own waits for a signal's delivery while admission is closed.
  */
 async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<void> {
-  const { events = [] } = await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory();
+  const events = (await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory()).events ?? [];
   const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
   expect(signals.map((a) => a.signalName)).toEqual(['checkpointPrepared', 'checkpointCommitted']);
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
