@@ -16,13 +16,25 @@ export async function fsyncPath(p: string): Promise<void> {
 
 /** Temp file, fsync, rename over `file`, fsync the directory. */
 export async function writeFileDurably(file: string, data: Buffer | string): Promise<void> {
-  const dir = path.dirname(file);
-  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
+  await replaceFile(file, data, true);
+  await fsyncPath(path.dirname(file));
+}
+
+/**
+ * Temp file and rename, without the fsyncs: for a file inside a temp snapshot, which the
+ * publication fsyncs as a whole before its rename (a crash before then discards the directory).
+ */
+export async function writeFileAtomically(file: string, data: Buffer | string): Promise<void> {
+  await replaceFile(file, data, false);
+}
+
+async function replaceFile(file: string, data: Buffer | string, sync: boolean): Promise<void> {
+  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${randomBytes(8).toString('hex')}`);
   try {
     const fh = await fsp.open(tmp, 'wx');
     try {
       await fh.writeFile(data);
-      await fh.sync();
+      if (sync) await fh.sync();
     } finally {
       await fh.close();
     }
@@ -31,7 +43,6 @@ export async function writeFileDurably(file: string, data: Buffer | string): Pro
     await fsp.rm(tmp, { force: true }).catch(() => {});
     throw err;
   }
-  await fsyncPath(dir);
 }
 
 /** Keys sorted at every level (arrays keep their order): the files' canonical layout. */

@@ -19,7 +19,7 @@ import {
 } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
-import { writeFileDurably } from './durable-files.js';
+import { writeFileAtomically } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
 import {
   activityContext,
@@ -329,10 +329,11 @@ export function createGymActivities(deps: GymActivityDeps) {
           problems: problems.slice(0, 20).map((p) => clip(p)),
         });
       }
-      // The episode lists go to the snapshot directory, not into the workflow's history.
+      // The episode lists go to the snapshot directory, not into the workflow's history. No fsync
+      // while Gym waits: the publication fsyncs the whole directory before its rename.
       const file: GymCommitFile = { checkpoint_id: input.checkpointId, scope: [...scopeKeys], participants: committed };
       try {
-        await writeFileDurably(path.join(input.checkpointDir, GYM_COMMIT_FILE), JSON.stringify(file));
+        await writeFileAtomically(path.join(input.checkpointDir, GYM_COMMIT_FILE), JSON.stringify(file));
       } catch (err) {
         throw storageFailure(`writing ${GYM_COMMIT_FILE} into ${input.checkpointDir}`, err);
       }

@@ -26,7 +26,7 @@ import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
-import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
+import { fsyncPath, sortKeysDeep, writeFileAtomically, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
 
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
@@ -211,7 +211,11 @@ export interface WriteLedgerCutInput {
   ledger: unknown;
 }
 
-/** Writes `ledger.json` (fsynced) and returns what the manifest records about it. */
+/**
+ * Writes `ledger.json` and returns what the manifest records about it. Not fsynced here: the
+ * publication fsyncs the temp snapshot as a whole before its rename, and the cut is written while
+ * the Gym commit is writing and fsyncing its own files.
+ */
 export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha256: string; bytes: number }> {
   requireTmpDir(input.tmpDir, 'writeLedgerCut');
   const ledger = unpacked(input.ledger);
@@ -220,7 +224,7 @@ export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha2
   const data = Buffer.from(text, 'utf8');
   return storage(`writing the ledger cut into ${input.tmpDir}`, async () => {
     await requireDir(input.tmpDir, 'writeLedgerCut');
-    await writeFileDurably(path.join(input.tmpDir, LEDGER_FILE), data);
+    await writeFileAtomically(path.join(input.tmpDir, LEDGER_FILE), data);
     return { sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length };
   });
 }
