@@ -9,6 +9,7 @@ import {
   condition,
   continueAsNew,
   getExternalWorkflowHandle,
+  isCancellation,
   log,
   patched,
   setCurrentDetails,
@@ -748,7 +749,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       earlyCutRequest = undefined;
       // Best effort: a commit that failed meanwhile has the attempt discard the temp snapshot
       // (the write is then refused); after a commit the cut is written again if this one is missing.
-      early = await writeCut(req.tmpDir).catch(() => undefined);
+      early = await writeCut(req.tmpDir).catch((err: unknown) => {
+        if (isCancellation(err)) throw err; // the run is being cancelled: not a refused write
+        return undefined;
+      });
       await condition(() => outcome !== undefined || committed());
     }
     if (outcome === undefined && committed()) {
