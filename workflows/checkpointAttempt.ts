@@ -25,7 +25,7 @@ import type {
 } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, storageActivities } from './activities-proxy.js';
-import { checkpointCommitted, checkpointPrepared, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
+import { checkpointCommitted, checkpointPrepared, earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
 
 /** Patch: the run is asked for its ledger cut after prepare, beside the commit. */
 export const EARLY_LEDGER_CUT = 'early-ledger-cut';
@@ -35,6 +35,11 @@ export const EARLY_LEDGER_CUT = 'early-ledger-cut';
  * (one workflow thread): ~0.15 s before the commit at 8,000 in flight.
  */
 export const SIGNALS_BESIDE_STAGES = 'signals-beside-stages';
+/**
+ * Patch: with nothing unsettled after the commit, the attempt publishes with the run's early cut
+ * (`earlyLedgerCutWritten`) instead of waiting for the run's answer to `checkpointCommitted`.
+ */
+export const TAKE_EARLY_CUT = 'take-early-cut';
 
 export interface CheckpointAttemptInput {
   run: string;
@@ -76,6 +81,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let cut: LedgerCutWritten | undefined;
   setHandler(ledgerCutWritten, (c) => {
     if (c.checkpointId === id) cut = c;
+  });
+  let earlyCut: LedgerCutWritten | undefined;
+  setHandler(earlyLedgerCutWritten, (c) => {
+    if (c.checkpointId === id) earlyCut = c;
   });
   const stage = async (name: string): Promise<void> => {
     setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\` of run \`${input.run}\`\n\nstage: **${name}**`);
@@ -156,16 +165,17 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // In flight at the start, neither committed nor a restart: scope episodes no environment committed.
     const environmentKeys = commit.environmentKeys;
     const settled = environmentKeys ? new Set([...environmentKeys, ...restarts]) : undefined;
-    const told = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
-      checkpointId: id,
-      tmpDir: location.tmpDir,
-      unsettled: settled ? input.inFlight.map(captureKey).filter((k) => !settled.has(k)) : (commit.uncommitted ?? []),
-    });
+    const unsettled = settled ? input.inFlight.map(captureKey).filter((k) => !settled.has(k)) : (commit.uncommitted ?? []);
+    const told = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, { checkpointId: id, tmpDir: location.tmpDir, unsettled });
     // Waiting for the cut, not for the signal's delivery; a signal that fails ends the wait.
     let untold: unknown;
     if (patched(SIGNALS_BESIDE_STAGES)) void told.catch((err: unknown) => (untold = err ?? new Error('signal failed')));
     else await told;
-    const gotCut = await timed('ledger_cut', () => condition(() => cut !== undefined || untold !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
+    // Nothing unsettled: the early cut stands (the run would confirm it), so it need not be asked.
+    const early = unsettled.length === 0 && patched(TAKE_EARLY_CUT);
+    const usable = (): LedgerCutWritten | undefined => cut ?? (early ? earlyCut : undefined);
+    const gotCut = await timed('ledger_cut', () => condition(() => usable() !== undefined || untold !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
+    cut = usable();
     if (untold !== undefined && cut === undefined) throw untold;
     if (!gotCut || !cut) throw new AttemptFailed('timeout', 'the run did not write its ledger cut in time');
 

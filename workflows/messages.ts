@@ -48,6 +48,12 @@ export const checkpointPrepared = defineSignal<[CheckpointPrepared]>('checkpoint
 export const checkpointCommitted = defineSignal<[CheckpointCommitted | LegacyCheckpointCommitted]>('checkpointCommitted');
 /** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
 export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');
+/**
+ * The run → the checkpoint attempt: the early cut (written beside the commit) is in the temp
+ * snapshot. It stands for certain when Gym committed every episode in flight at the attempt's
+ * start (nothing unsettled): the attempt then publishes without asking the run again.
+ */
+export const earlyLedgerCutWritten = defineSignal<[LedgerCutWritten]>('earlyLedgerCutWritten');
 
 export const pauseRun = defineSignal('pause');
 export const resumeRun = defineSignal('resume');

@@ -25,7 +25,7 @@ import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport }
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 import type { RunConfig } from '../protocol/run-config.js';
 import { controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
-import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js';
+import { checkpointAttempt, checkpointWorkflowId, TAKE_EARLY_CUT } from './checkpointAttempt.js';
 import * as D from './deadlines.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
@@ -36,6 +36,7 @@ import {
   checkpointPrepared,
   checkpointNow,
   deadlineExpired,
+  earlyLedgerCutWritten,
   ledgerCutWritten,
   pauseRun,
   resumeRun,
@@ -753,6 +754,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         if (isCancellation(err)) throw err; // the run is being cancelled: not a refused write
         return undefined;
       });
+      // The attempt publishes with it at once if Gym committed every episode in flight.
+      if (early && patched(TAKE_EARLY_CUT)) void handle.signal(earlyLedgerCutWritten, early.cut).catch(() => undefined);
       await condition(() => outcome !== undefined || committed());
     }
     if (outcome === undefined && committed()) {
@@ -771,7 +774,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         );
         cut = (await writeCut(req.tmpDir)).cut;
       }
-      await handle.signal(ledgerCutWritten, cut!);
+      // The attempt may already have published with the early cut and ended: nobody to tell.
+      if (patched(TAKE_EARLY_CUT)) await handle.signal(ledgerCutWritten, cut!).catch(() => undefined);
+      else await handle.signal(ledgerCutWritten, cut!);
     }
     await result;
     const o = outcome!;

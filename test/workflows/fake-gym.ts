@@ -2,6 +2,7 @@
 // snapshot store in memory. They throw the REAL error types the real activities throw
 // (ApplicationFailure typed by the protocol code, `gym_transient` for transport errors), so the
 // workflows' classification is what gets tested.
+import { createHash } from 'node:crypto';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Activities } from '../../activities/index.js';
@@ -72,6 +73,10 @@ export class FakeGym {
   private runRetirers = new Map<string, () => void>();
   metrics: CheckpointOutcome[] = [];
   ledgerCuts: unknown[] = [];
+  /** The digest each ledger cut returned, in order (what a manifest names). */
+  ledgerCutDigests: string[] = [];
+  /** The manifests `finalizeSnapshot` published. */
+  published: Array<{ ledger_sha256: string; checkpoint_id: string }> = [];
   private discarded = new Set<string>();
 
   releasePrepare(): void {
@@ -255,7 +260,10 @@ export class FakeGym {
         this.calls.push('ledger-cut');
         const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
         this.ledgerCuts.push(ledger);
-        return { sha256: 'a'.repeat(64), bytes: JSON.stringify(ledger).length };
+        const text = JSON.stringify(ledger);
+        const sha256 = createHash('sha256').update(text).digest('hex');
+        this.ledgerCutDigests.push(sha256);
+        return { sha256, bytes: text.length };
       },
       writeSnapshotManifest: async () => {
         this.calls.push('manifest');
@@ -270,6 +278,7 @@ export class FakeGym {
       },
       finalizeSnapshot: async (input) => {
         this.calls.push('manifest', 'validate', `publish:${input.location.sequence}`);
+        this.published.push({ ledger_sha256: input.manifest.ledger_sha256, checkpoint_id: input.manifest.checkpoint_id });
         return input.location.finalDir;
       },
       applyRetention: async () => {

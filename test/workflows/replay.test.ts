@@ -23,6 +23,7 @@ const SCENARIOS: Record<string, string[]> = {
   'deadline-expiry': ['trainingRun', 'rolloutAttempt', 'rolloutAttempt'],
   'early-cut': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
   'signals-beside-stages': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
+  'take-early-cut': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
 };
 
 async function replay(histories: Array<{ workflowId: string; history: unknown }>): Promise<Array<{ workflowId: string; error: unknown }>> {

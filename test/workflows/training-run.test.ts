@@ -97,6 +97,14 @@ async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<vo
   if (timer) expect(taskOf(timer)).toBe(taskOf(signals[1]!));
 }
 
+/** Names of the signals the attempt received before it scheduled its publication. */
+async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[]> {
+  const events = (await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory()).events ?? [];
+  const publish = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'finalizeSnapshot');
+  expect(publish).toBeGreaterThan(0);
+  return events.slice(0, publish).flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
+}
+
 function expectCutBesideCommit(calls: string[], id: string): string[] {
   expect(calls.filter((c) => c === 'ledger-cut')).toHaveLength(1);
   const at = calls.indexOf('ledger-cut');
@@ -125,6 +133,11 @@ describe('checkpoint attempts in a training run', () => {
       const calls = expectCutBesideCommit(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
       await expectSignalsBesideStages(checkpointWorkflowId(cfg.run.name, id));
+      // Gym committed every episode in flight: the run's early cut is the published one, and the
+      // attempt had it from the run without asking after the commit.
+      expect(gym.count('ledger-cut')).toBe(1);
+      expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toContain('earlyLedgerCutWritten');
       // Retention runs beside the release (either may start first).
       expect(calls.slice(6).sort()).toEqual([`resume:${id}`, 'retention']);
       const s = await status(handle);
@@ -142,6 +155,8 @@ describe('checkpoint attempts in a training run', () => {
       await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
       // Recorded after the early ledger cut landed (clean-attempt predates it).
       await recordHistories(env, 'early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      // And after the attempt took the early cut itself.
+      await recordHistories(env, 'take-early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
@@ -162,6 +177,9 @@ describe('checkpoint attempts in a training run', () => {
           .flatMap((g) => g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id));
       expect(sealed(gym.ledgerCuts[0])).toEqual([]);
       expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
+      // Something was unsettled after the commit: the attempt waited for the second cut and published it.
+      expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toContain('ledgerCutWritten');
       await finishRun(gym, handle);
       await recordHistories(env, 'signals-beside-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
     });
