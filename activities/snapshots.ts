@@ -207,10 +207,7 @@ export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<Sn
 
 export interface WriteLedgerCutInput {
   tmpDir: string;
-  /**
-   * The run's ledger, plain (through the run's local activity) or packed (an activity's input is one
-   * payload, ≤ 2 MiB). Written as plain JSON.
-   */
+  /** The run's ledger; packed by the run (an activity input is one payload, ≤ 2 MiB). Written as plain JSON. */
   ledger: unknown;
 }
 

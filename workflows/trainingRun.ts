@@ -736,12 +736,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       applyReports();
       const inFlight = new Set(Object.keys(st.inFlight));
       const cutOf = { dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
-      // A local activity: the ledger (~2.4 MB at 8,000 in flight) stays out of the history, and its
-      // input is never uploaded, so it goes plain: packing it cost ~0.15 s of this thread at 8,000,
-      // beside a Gym commit that needs both cores. An activity's input is one payload (≤ 2 MiB): packed.
-      const cut = patched(LEDGER_CUT_LOCAL)
-        ? await storageLocal.writeLedgerCut({ tmpDir, ledger: st.ledger })
-        : await storage.writeLedgerCut({ tmpDir, ledger: packJson(st.ledger) });
+      // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
+      const cutInput = { tmpDir, ledger: packJson(st.ledger) };
+      const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
       return { cut: { checkpointId, sha256: cut.sha256, bytes: cut.bytes, ...cutOf }, inFlight };
     };
     // Asked after prepare (Gym frozen): the cut is written while Gym commits. It stands unless an
