@@ -85,8 +85,12 @@ function expectRunsOnce(gym: FakeGym): void {
  * The checkpoint attempt's signals to the run go out in the same workflow task as the next stage's
  * activity: no task of its own waits for a signal's delivery while admission is closed.
  */
+async function historyEvents(workflowId: string) {
+  return (await env.client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
+}
+
 async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<void> {
-  const events = (await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory()).events ?? [];
+  const events = await historyEvents(checkpointWorkflow);
   const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
   expect(signals.map((a) => a.signalName)).toEqual(['checkpointPrepared', 'checkpointCommitted']);
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
@@ -99,7 +103,7 @@ async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<vo
 
 /** Names of the signals the attempt received before it scheduled its publication. */
 async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[]> {
-  const events = (await env.client.workflow.getHandle(checkpointWorkflow).fetchHistory()).events ?? [];
+  const events = await historyEvents(checkpointWorkflow);
   const publish = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'finalizeSnapshot');
   expect(publish).toBeGreaterThan(0);
   return events.slice(0, publish).flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
