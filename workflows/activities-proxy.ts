@@ -8,6 +8,8 @@ export type Activities = ReturnType<typeof proxyActivities<ActivityFunctions>>;
 
 const nonRetryableErrorTypes = [...NON_RETRYABLE_ERROR_TYPES];
 
+const controlRetry = { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', maximumAttempts: 4, nonRetryableErrorTypes };
+
 /** Control calls: a few quick retries with the same ID and arguments; the pump owns new attempts. */
 export function controlActivities(taskQueue?: string): Activities {
   return proxyActivities<ActivityFunctions>({
@@ -15,7 +17,7 @@ export function controlActivities(taskQueue?: string): Activities {
     startToCloseTimeout: '10 minutes',
     // Short: a worker that dies in the middle of a checkpoint is noticed within seconds.
     heartbeatTimeout: '15 seconds',
-    retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', maximumAttempts: 4, nonRetryableErrorTypes },
+    retry: controlRetry,
   });
 }
 
@@ -32,14 +34,27 @@ export function storageActivities(taskQueue?: string): Activities {
   });
 }
 
+export type LocalActivities = ReturnType<typeof proxyLocalActivities<ActivityFunctions>>;
+
 /**
- * Short snapshot file writes whose input is large and lives in the workflow (the ledger cut): run
- * in the workflow's own worker, so the input never becomes a history event. Retried like storage.
+ * Short snapshot file I/O on the checkpoint path (the ledger cut, allocation, publication): run in
+ * the workflow's own worker, so neither a server round trip nor the (large) input lands in the
+ * history while admission is closed. Retried like storage. A local activity cannot heartbeat: the
+ * workflow task's own timeout notices a dead worker, and a replay runs the activity again (each is
+ * idempotent).
  */
-export function storageLocalActivities(): ReturnType<typeof proxyLocalActivities<ActivityFunctions>> {
+export function storageLocalActivities(): LocalActivities {
   return proxyLocalActivities<ActivityFunctions>({
-    startToCloseTimeout: '2 minutes',
+    startToCloseTimeout: '10 minutes',
     retry: storageRetry,
+  });
+}
+
+/** Quick control reads in the workflow's own worker (the Gym's endpoints files), retried like control calls. */
+export function controlLocalActivities(): LocalActivities {
+  return proxyLocalActivities<ActivityFunctions>({
+    startToCloseTimeout: '1 minute',
+    retry: controlRetry,
   });
 }
 

@@ -24,7 +24,7 @@ import type {
   SnapshotManifestSlim,
 } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
-import { controlActivities, storageActivities } from './activities-proxy.js';
+import { controlActivities, controlLocalActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
 import { checkpointCommitted, checkpointPrepared, earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
 
 /** Patch: the run is asked for its ledger cut after prepare, beside the commit. */
@@ -40,6 +40,13 @@ export const SIGNALS_BESIDE_STAGES = 'signals-beside-stages';
  * (`earlyLedgerCutWritten`) instead of waiting for the run's answer to `checkpointCommitted`.
  */
 export const TAKE_EARLY_CUT = 'take-early-cut';
+/**
+ * Patch: allocation, the restart check and publication are local activities. Each is a short file
+ * or status read in this worker; as an activity each cost a server round trip and a workflow task
+ * while admission is closed (~40 ms at 8,000 in flight), and publication's input (the scope's
+ * keys) a history event.
+ */
+export const LOCAL_FILE_STAGES = 'local-file-stages';
 
 export interface CheckpointAttemptInput {
   run: string;
@@ -75,6 +82,9 @@ class AttemptFailed extends Error {
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
   const control = controlActivities(input.controlTaskQueue);
   const storage = storageActivities(input.controlTaskQueue);
+  const local = patched(LOCAL_FILE_STAGES);
+  const files = local ? storageLocalActivities() : storage;
+  const discovery = local ? controlLocalActivities() : control;
   const id = input.checkpointId;
   const seconds: CheckpointStageSeconds = {};
   const t0 = Date.now();
@@ -118,8 +128,8 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // would publish a cut that continues nothing. Recover first.
     await stage('allocate');
     const [allocated, now] = await Promise.all([
-      storage.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
-      control.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }),
+      files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
+      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }),
     ]);
     location = allocated;
     const restarted = Object.entries(input.topology.instances ?? {}).filter(([name, id]) => now.instances[name] !== id).map(([name]) => name);
@@ -197,7 +207,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       ledger_bytes: cut.bytes,
       created_at: new Date().toISOString(),
     };
-    await timed('publish', () => storage.finalizeSnapshot({ location: location!, manifest, fingerprint: input.topology.fingerprint }));
+    await timed('publish', () => files.finalizeSnapshot({ location: location!, manifest, fingerprint: input.topology.fingerprint }));
   } catch (err) {
     // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
     const reason = err instanceof AttemptFailed ? err.reason : classify(err);

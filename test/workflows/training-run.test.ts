@@ -101,10 +101,41 @@ async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<vo
   if (timer) expect(taskOf(timer)).toBe(taskOf(signals[1]!));
 }
 
-/** Names of the signals the attempt received before it scheduled its publication. */
+type HistoryEvent = Awaited<ReturnType<typeof historyEvents>>[number];
+
+/** The activity type of a local activity's marker, if `e` is one. */
+function localActivityType(e: HistoryEvent): string | undefined {
+  const m = e.markerRecordedEventAttributes;
+  if (m?.markerName !== 'core_local_activity') return undefined;
+  const data = m.details?.data?.payloads?.[0]?.data;
+  return data ? (JSON.parse(Buffer.from(data).toString('utf8')) as { activity_type?: string }).activity_type : undefined;
+}
+
+/** Where the attempt ran `name`: its scheduling (an activity) or its marker (a local activity). */
+function stageAt(events: HistoryEvent[], name: string): number {
+  return events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name || localActivityType(e) === name);
+}
+
+/**
+ * Allocation, the restart check and publication ran in the attempt's worker: no activity task of
+ * theirs, and prepare went out in the attempt's first workflow task.
+ */
+async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> {
+  const events = await historyEvents(checkpointWorkflow);
+  const scheduled = events.flatMap((e) => (e.activityTaskScheduledEventAttributes ? [e.activityTaskScheduledEventAttributes.activityType?.name] : []));
+  expect(scheduled.slice(0, 2)).toEqual(['gymPrepare', 'gymCommit']);
+  expect(scheduled).not.toContain('allocateSnapshot');
+  expect(scheduled).not.toContain('finalizeSnapshot');
+  expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
+  // No workflow task completed between the first one and prepare's scheduling.
+  const prepare = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare');
+  expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
+}
+
+/** Names of the signals the attempt received before it published. */
 async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[]> {
   const events = await historyEvents(checkpointWorkflow);
-  const publish = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'finalizeSnapshot');
+  const publish = stageAt(events, 'finalizeSnapshot');
   expect(publish).toBeGreaterThan(0);
   return events.slice(0, publish).flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
 }
@@ -137,6 +168,7 @@ describe('checkpoint attempts in a training run', () => {
       const calls = expectCutBesideCommit(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
       await expectSignalsBesideStages(checkpointWorkflowId(cfg.run.name, id));
+      await expectLocalFileStages(checkpointWorkflowId(cfg.run.name, id));
       // Gym committed every episode in flight: the run's early cut is the published one, and the
       // attempt had it from the run without asking after the commit.
       expect(gym.count('ledger-cut')).toBe(1);
@@ -161,6 +193,8 @@ describe('checkpoint attempts in a training run', () => {
       await recordHistories(env, 'early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
       // And after the attempt took the early cut itself.
       await recordHistories(env, 'take-early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      // And with allocation, the restart check and publication as local activities.
+      await recordHistories(env, 'local-file-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
