@@ -228,6 +228,11 @@ export interface CheckpointOutcome {
   restarts?: CaptureKey[];
   scopeCount?: number;
   restartCount?: number;
+  /**
+   * The published snapshot's parent directory, when the run applies retention there (after it
+   * reopened admission) rather than the attempt (before its outcome, so while admission is closed).
+   */
+  retentionRoot?: string;
   /** Published but Gym not yet released: dispatch stays closed, the next attempt retries the release. */
   releasePending?: boolean;
   /** Gym prepared but the abort failed: dispatch stays closed, the next attempt retries the abort. */

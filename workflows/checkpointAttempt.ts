@@ -46,6 +46,12 @@ export const TAKE_EARLY_CUT = 'take-early-cut';
  * while admission is closed (~40 ms at 8,000 in flight), and publication's input (the scope's
  * keys) a history event.
  */
+/**
+ * Patch: the attempt tells the run it takes the early cut (`takesEarlyCut`), and the run does not
+ * confirm it. The confirmation usually reached the attempt as it completed: a new event, so that
+ * workflow task failed and another ran (~60 ms at 8,000 in flight). Implies TAKE_EARLY_CUT.
+ */
+export const EARLY_CUT_UNCONFIRMED = 'early-cut-unconfirmed';
 export const LOCAL_FILE_STAGES = 'local-file-stages';
 
 export interface CheckpointAttemptInput {
@@ -64,6 +70,8 @@ export interface CheckpointAttemptInput {
   /** Where the Gym's endpoints are (to check that no participant restarted since discovery). */
   gymRunDir: string;
   requireModel: boolean;
+  /** The run applies retention after the outcome (runs started before that: the attempt, beside the release). */
+  retentionByRun?: boolean;
 }
 
 /** The Gym restarted under the controller: the attempt ends, the run recovers. */
@@ -176,13 +184,20 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     const environmentKeys = commit.environmentKeys;
     const settled = environmentKeys ? new Set([...environmentKeys, ...restarts]) : undefined;
     const unsettled = settled ? input.inFlight.map(captureKey).filter((k) => !settled.has(k)) : (commit.uncommitted ?? []);
-    const told = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, { checkpointId: id, tmpDir: location.tmpDir, unsettled });
+    // Nothing unsettled: the early cut stands (the run would confirm it), so it need not be asked.
+    // Under EARLY_CUT_UNCONFIRMED the run is told so, and does not confirm it.
+    const unconfirmed = patched(EARLY_CUT_UNCONFIRMED);
+    const told = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
+      checkpointId: id,
+      tmpDir: location.tmpDir,
+      unsettled,
+      ...(unconfirmed && unsettled.length === 0 ? { takesEarlyCut: true } : {}),
+    });
     // Waiting for the cut, not for the signal's delivery; a signal that fails ends the wait.
     let untold: unknown;
     if (patched(SIGNALS_BESIDE_STAGES)) void told.catch((err: unknown) => (untold = err ?? new Error('signal failed')));
     else await told;
-    // Nothing unsettled: the early cut stands (the run would confirm it), so it need not be asked.
-    const early = unsettled.length === 0 && patched(TAKE_EARLY_CUT);
+    const early = unsettled.length === 0 && (unconfirmed || patched(TAKE_EARLY_CUT));
     const usable = (): LedgerCutWritten | undefined => cut ?? (early ? earlyCut : undefined);
     const gotCut = await timed('ledger_cut', () => condition(() => usable() !== undefined || untold !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
     cut = usable();
@@ -222,14 +237,16 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     return finish({ outcome: 'failed', reason, error: message, abortPending, gymRestarted, scope: scope.map(captureKey), restarts });
   }
 
-  // Published: the snapshot is durable and authoritative from here on. Retention (ours: beside
-  // the release rather than before it) only deletes older snapshots: Gym need not wait for it.
+  // Published: the snapshot is durable and authoritative from here on. Retention only deletes
+  // older snapshots: neither Gym nor the run's admission need wait for it. The run applies it once
+  // it has the outcome; attempts of runs started before that apply it beside the release.
   await stage('resume');
   const [released] = await Promise.all([
     resumeGym(control, input, seconds),
-    storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined),
+    input.retentionByRun ? undefined : storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined),
   ]);
   return finish({
+    ...(input.retentionByRun ? { retentionRoot: location.root } : {}),
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',
     releasePending: !released,

@@ -17,6 +17,12 @@ export interface CheckpointCommitted {
    * committed keys: at 8,000 in flight the full lists made this signal ~0.5 MB of history.
    */
   unsettled: CaptureKey[];
+  /**
+   * The attempt publishes with the run's early cut (`earlyLedgerCutWritten`, nothing unsettled):
+   * the run need not confirm it. A confirmation that reached an attempt completing its workflow
+   * failed that workflow task (a new event) and cost another (~60 ms at 8,000 in flight).
+   */
+  takesEarlyCut?: boolean;
 }
 
 /** The signal as checkpoint attempts started before `unsettled` sent it (histories still replay it). */

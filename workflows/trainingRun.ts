@@ -238,6 +238,9 @@ function legacyUnsettled(req: LegacyCheckpointCommitted, atStart: ReadonlySet<Ca
   return [...atStart].filter((k) => !settled.has(k));
 }
 
+/** Patch: the run applies retention after the attempt's outcome, with admission open again. */
+const RETENTION_BY_RUN = 'retention-by-run';
+
 /** Patch: the ledger cut became a local activity; runs recorded before it replay the regular one. */
 const LEDGER_CUT_LOCAL = 'ledger-cut-local-activity';
 
@@ -249,6 +252,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const storage = storageActivities(cfg.run.task_queue);
   const trainer = storageActivities(cfg.run.task_queue);
   const storageLocal = storageLocalActivities();
+  /** Retention applied after the latest published snapshots (awaited before continue-as-new and the end). */
+  let retention: Promise<unknown> = Promise.resolve();
   const totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
   const intervalMs = cfg.rollout_checkpointing.snapshot_attempt_interval_s === null ? null : cfg.rollout_checkpointing.snapshot_attempt_interval_s * 1000;
 
@@ -703,6 +708,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
     ];
     const atStart = new Set(inFlight.map(captureKey));
+    const retentionByRun = patched(RETENTION_BY_RUN);
     const handle = await startChild(checkpointAttempt, {
       workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
       taskQueue: cfg.run.task_queue,
@@ -724,6 +730,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           controlTaskQueue: cfg.run.task_queue,
           gymRunDir: cfg.run.gym_run_dir,
           requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
+          ...(retentionByRun ? { retentionByRun } : {}),
         },
       ],
     });
@@ -744,6 +751,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     // Asked after prepare (Gym frozen): the cut is written while Gym commits. It stands unless an
     // episode Gym did not commit was still in flight when it was written.
     let early: { cut: LedgerCutWritten; inFlight: Set<CaptureKey> } | undefined;
+    let earlySent = false;
     await condition(() => outcome !== undefined || committed() || prepared());
     if (outcome === undefined && !committed() && prepared()) {
       const req = earlyCutRequest!;
@@ -755,7 +763,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         return undefined;
       });
       // The attempt publishes with it at once if Gym committed every episode in flight.
-      if (early && patched(TAKE_EARLY_CUT)) void handle.signal(earlyLedgerCutWritten, early.cut).catch(() => undefined);
+      if (early && patched(TAKE_EARLY_CUT)) {
+        void handle.signal(earlyLedgerCutWritten, early.cut).catch(() => undefined);
+        earlySent = true;
+      }
       await condition(() => outcome !== undefined || committed());
     }
     if (outcome === undefined && committed()) {
@@ -767,16 +778,23 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       // joined st.inFlight since the start; anything that did counts as unsettled.
       const unsettled = new Set('unsettled' in req ? req.unsettled : legacyUnsettled(req, atStart));
       let cut = early?.cut;
+      let rewritten = false;
       if (!early || [...unsettled].some((k) => early!.inFlight.has(k))) {
         await condition(
           () => Object.keys(st.inFlight).every((k) => atStart.has(k) && !unsettled.has(k)) && st.reports.length === 0,
           cfg.controller.late_result_wait_ms,
         );
         cut = (await writeCut(req.tmpDir)).cut;
+        rewritten = true;
       }
-      // The attempt may already have published with the early cut and ended: nobody to tell.
-      if (patched(TAKE_EARLY_CUT)) await handle.signal(ledgerCutWritten, cut!).catch(() => undefined);
-      else await handle.signal(ledgerCutWritten, cut!);
+      // The attempt publishes with the early cut the run sent it: no confirmation (none to reach it
+      // as it completes). Decided by what the history holds (the signal's field), so no patch here.
+      const unconfirmed = earlySent && !rewritten && 'takesEarlyCut' in req && req.takesEarlyCut === true;
+      if (!unconfirmed) {
+        // The attempt may already have published with the early cut and ended: nobody to tell.
+        if (patched(TAKE_EARLY_CUT)) await handle.signal(ledgerCutWritten, cut!).catch(() => undefined);
+        else await handle.signal(ledgerCutWritten, cut!);
+      }
     }
     await result;
     const o = outcome!;
@@ -788,6 +806,13 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       st.pendingAbort = { checkpointId, trigger };
     } else {
       openGymGate();
+    }
+    // Published: older snapshots go now, with admission open (best effort: the next one retries;
+    // the run awaits it before it continues as new or ends).
+    if (o.retentionRoot) {
+      const previous = retention;
+      const applied = storage.applyRetention({ root: o.retentionRoot, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
+      retention = Promise.all([previous, applied]);
     }
     if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
     if (o.gymRestarted) st.recoveryNeeded = true;
@@ -1090,6 +1115,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     const info = workflowInfo();
     if (!checkpointRunning && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
       await condition(allHandlersFinished);
+      await retention;
       if (!checkpointRunning && manualRequested === manualServed && info.historyLength >= carryRetryAt) {
         const state = packRunState({ ...st, continuedAsNew: st.continuedAsNew + 1 }, cfg.run.name);
         const bytes = JSON.stringify(state).length;
@@ -1114,6 +1140,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   await forgetFinished(true);
   await condition(allHandlersFinished);
+  await retention;
   return {
     run: cfg.run.name,
     steps: st.steps,

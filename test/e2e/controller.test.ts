@@ -2,9 +2,9 @@
 // periodic checkpoints; a worker process SIGKILLed in the middle of a checkpoint attempt; for each
 // target level, every Gym process SIGKILLed with siblings sealed, parked mid-turn and unstarted;
 // and a cold `restore_mode: latest` start of a new run on a copied checkpoint directory.
-import { cp, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Client, Connection } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -306,6 +306,39 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       expect((await leftovers()).join(' | ')).toBe('');
     }, 180_000);
   }
+});
+
+describe('retention', () => {
+  it('two snapshots under one anchor with keep_latest_k 1: the run deletes the older one after the newer one is out', async () => {
+    const name = 'e2e-retention';
+    const worker = startWorkerProcess(name);
+    await waitForLine(worker, /worker: polling/, 60_000);
+    // Every rollout parks after its first model call: the run stays at step 0 (one anchor).
+    await post(`${backendUrl()}/_ctl/hold`, { rules: [{ rollout_pattern: `^${name}\\.`, after_calls_per_rollout: 1 }] });
+    try {
+      const cfg = config(name, name, {
+        grpo: { num_prompts_per_step: 1, num_generations_per_prompt: 2, max_num_steps: 1, tasksets: ['counter'] },
+        rollout_checkpointing: { snapshot_attempt_interval_s: null, keep_latest_k: 1, gym: { prepare_timeout_s: 30 } },
+      });
+      const handle = await startRun(client, cfg);
+      await until('both rollouts in flight', async () => (await handle.query(runStatus)).inFlight === 2);
+      await new Promise((r) => setTimeout(r, 1_500)); // they reach their boundaries
+      const first = await handle.executeUpdate(checkpointNow);
+      const second = await handle.executeUpdate(checkpointNow);
+      expect([first.outcome, second.outcome]).toEqual(['completed', 'completed']);
+      const root = dirname(second.snapshotDir!);
+      expect(dirname(first.snapshotDir!)).toBe(root);
+      // Applied by the run once it has the outcome (not before the update answers): wait for it.
+      await until('the older snapshot deleted', async () => (await readdir(root)).length === 1);
+      expect(await readdir(root)).toEqual([basename(second.snapshotDir!)]);
+      await post(`${backendUrl()}/_ctl/release`);
+      const summary: RunSummary = await handle.result();
+      expect(summary).toMatchObject({ completedRollouts: 2, failedRollouts: 0 });
+      expect(await readdir(root)).toEqual([basename(second.snapshotDir!)]);
+    } finally {
+      await post(`${backendUrl()}/_ctl/release`);
+    }
+  }, 120_000);
 });
 
 describe('a cold restore_mode: latest start', () => {

@@ -25,6 +25,7 @@ const SCENARIOS: Record<string, string[]> = {
   'signals-beside-stages': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
   'take-early-cut': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
   'local-file-stages': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
+  'retention-by-run': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
 };
 
 async function replay(histories: Array<{ workflowId: string; history: unknown }>): Promise<Array<{ workflowId: string; error: unknown }>> {

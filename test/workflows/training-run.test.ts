@@ -132,6 +132,21 @@ async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> 
   expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
 }
 
+/** The attempt applied no retention; the run applied it after the attempt's result. */
+async function expectRetentionByRun(runWorkflow: string, checkpointWorkflow: string): Promise<void> {
+  expect((await historyEvents(checkpointWorkflow)).some((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'applyRetention')).toBe(false);
+  const events = await historyEvents(runWorkflow);
+  const ended = events.findIndex((e) => e.childWorkflowExecutionCompletedEventAttributes?.workflowType?.name === 'checkpointAttempt');
+  const retention = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'applyRetention');
+  expect(ended).toBeGreaterThan(0);
+  expect(retention).toBeGreaterThan(ended);
+}
+
+/** Names of the signals a workflow sent to other workflows. */
+async function signalsSent(workflowId: string): Promise<string[]> {
+  return (await historyEvents(workflowId)).flatMap((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes?.signalName ?? []);
+}
+
 /** Names of the signals the attempt received before it published. */
 async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[]> {
   const events = await historyEvents(checkpointWorkflow);
@@ -153,7 +168,7 @@ const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] =>
   [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
 
 describe('checkpoint attempts in a training run', () => {
-  it('1. clean attempt: every rollout runs once; prepare → commit → cut → manifest → validate → publish → resume beside retention', async () => {
+  it('1. clean attempt: every rollout runs once; prepare → commit → cut → manifest → validate → publish → resume, then retention by the run', async () => {
     const gym = new FakeGym();
     gym.script.holdRuns = true;
     const cfg = runConfig('golden-clean-attempt');
@@ -174,8 +189,14 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.count('ledger-cut')).toBe(1);
       expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toContain('earlyLedgerCutWritten');
-      // Retention runs beside the release (either may start first).
-      expect(calls.slice(6).sort()).toEqual([`resume:${id}`, 'retention']);
+      // The attempt said it takes the early cut, so the run did not confirm it (a confirmation
+      // that reaches the attempt as it completes costs it a failed workflow task).
+      expect(await signalsSent(cfg.run.name)).not.toContain('ledgerCutWritten');
+      expect(await signalsSent(cfg.run.name)).toContain('earlyLedgerCutWritten');
+      // Retention runs in the run once it has the outcome, with admission open again.
+      await expectRetentionByRun(cfg.run.name, checkpointWorkflowId(cfg.run.name, id));
+      await until(() => gym.count('retention') === 1, 'retention');
+      expect(expectCutBesideCommit(gym.controlCalls(), id).slice(6)).toEqual([`resume:${id}`, 'retention']);
       const s = await status(handle);
       expect(s.gates.gymCheckpoint).toBe(false);
       expect(s.lastSnapshot).toBe(outcome.snapshotDir);
@@ -195,6 +216,8 @@ describe('checkpoint attempts in a training run', () => {
       await recordHistories(env, 'take-early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
       // And with allocation, the restart check and publication as local activities.
       await recordHistories(env, 'local-file-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      // And with the early cut taken unconfirmed and retention applied by the run.
+      await recordHistories(env, 'retention-by-run', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
@@ -411,7 +434,8 @@ describe('checkpoint attempts in a training run', () => {
       const id = first.checkpointId;
       const calls = expectCutBesideCommit(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
-      expect(calls.slice(6).sort()).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
+      await until(() => gym.count('retention') === 1, 'retention');
+      expect(expectCutBesideCommit(gym.controlCalls(), id).slice(6)).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
       let s = await status(handle);
       // Published and durable, Gym still paused: distinct from a pre-publication failure.
       expect(s).toMatchObject({ phase: 'release_pending', pendingRelease: id, pendingAbort: null, lastSnapshot: first.snapshotDir, gates: { gymCheckpoint: true } });
