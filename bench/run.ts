@@ -17,7 +17,7 @@ export const BENCHMARKS: Readonly<Record<string, string>> = {
   scale: 'a real Gym deployment: N rollouts held in flight, checkpoint, SIGKILL, restore, redispatch',
   'controller-overhead': 'the same rollouts by a plain /run driver and through the Temporal controller',
   'checkpoint-cost': 'a training run with checkpointing on vs off: throughput and per-step checkpoint time',
-  'controller-scale': 'N rollouts in flight through the Temporal controller, one checkpoint',
+  'controller-scale': 'N rollouts in flight through the Temporal controller, K checkpoints of them (--checkpoints K)',
   'heartbeat-load': 'what parked, heartbeating activities (like /run) cost the dev server while idle',
 };
 
