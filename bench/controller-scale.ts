@@ -47,7 +47,7 @@ const PARKED_WINDOW_S = 10;
  * start, the child's workflow tasks and activities waiting in the server's queues, and from the
  * child's end to the update's answer.
  */
-async function checkpointTiming(client: Client, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
+async function checkpointTiming(client: Client, runWorkflowId: string, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
   const events = (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
   const first = eventMs(events[0]?.eventTime);
   if (process.env.BENCH_VERBOSE) {
@@ -57,6 +57,21 @@ async function checkpointTiming(client: Client, workflowId: string, askedAt: num
     }
   }
   const last = eventMs(events.at(-1)?.eventTime);
+  if (process.env.BENCH_VERBOSE) {
+    // The run's side of the same window: its workflow tasks, the signals it got and sent.
+    const runEvents = (await client.workflow.getHandle(runWorkflowId).fetchHistory()).events ?? [];
+    for (const e of runEvents) {
+      const t = eventMs(e.eventTime);
+      if (t < first - 100 || t > last + 100) continue;
+      const type = Object.keys(e).find((k) => k.endsWith('EventAttributes') && (e as Record<string, unknown>)[k]) ?? '?';
+      const name =
+        e.workflowExecutionSignaledEventAttributes?.signalName ??
+        e.signalExternalWorkflowExecutionInitiatedEventAttributes?.signalName ??
+        e.activityTaskScheduledEventAttributes?.activityType?.name ??
+        '';
+      console.log(`  run ${(t - first).toFixed(0).padStart(6)} ms  ${type.replace('EventAttributes', '')} ${name}`);
+    }
+  }
   const wft = workflowTaskTimes(events);
   let queued = 0;
   for (const t of activityTimes(events).values()) queued += t.queuedMs;
@@ -75,7 +90,7 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
   const askedAt = Date.now();
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
-  const attempt = await checkpointTiming(client, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
+  const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   const row: Row = {
     outcome: `${outcome.outcome}/${outcome.reason}`,
     exported: outcome.scope?.length ?? 0,
