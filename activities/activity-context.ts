@@ -42,18 +42,27 @@ export async function heartbeating<T>(
 ): Promise<T> {
   const ctx = activityContext();
   if (!ctx) return fn(undefined);
+  // A local activity cannot heartbeat (its workflow task's timeout watches the worker instead);
+  // it still gets cancellation through the signal.
+  if (ctx.info.isLocal) return runCancellable(ctx, fn);
   // The first beat waits one interval: the SDK sends a first heartbeat at once and throttles the
   // rest, so beating at the start cost a server write per call that finishes within seconds (every
   // control call, every short rollout) and pushed the next beat, the one that can carry a
   // cancellation, out to the throttle interval.
   const timer = setInterval(() => ctx.heartbeat(details), intervalMs);
   try {
+    return await runCancellable(ctx, fn);
+  } finally {
+    clearInterval(timer);
+  }
+}
+
+async function runCancellable<T>(ctx: Context, fn: (signal: AbortSignal | undefined) => Promise<T>): Promise<T> {
+  try {
     return await fn(ctx.cancellationSignal);
   } catch (err) {
     rethrowIfCancelled(ctx.cancellationSignal, err);
     throw err;
-  } finally {
-    clearInterval(timer);
   }
 }
 

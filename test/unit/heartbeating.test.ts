@@ -27,6 +27,20 @@ describe('heartbeating', () => {
     expect(beats).toHaveLength(n);
   });
 
+  it('a local activity sends no heartbeat (it cannot) and still turns a cancellation into the cancellation', async () => {
+    const env = new MockActivityEnvironment({ isLocal: true });
+    const beats: unknown[] = [];
+    env.on('heartbeat', (d: unknown) => beats.push(d));
+    expect(await env.run(() => heartbeating({ op: 'local' }, async () => sleep(180).then(() => 'done'), 50))).toBe('done');
+    expect(beats).toEqual([]);
+    const cancelled = new MockActivityEnvironment({ isLocal: true });
+    const run = cancelled.run(() =>
+      heartbeating({ op: 'local' }, (signal) => new Promise((_, reject) => signal!.addEventListener('abort', () => reject(new Error('aborted request')))), 50),
+    );
+    setTimeout(() => cancelled.cancel('CANCELLED'), 20);
+    await expect(run).rejects.toMatchObject({ name: 'CancelledFailure' });
+  });
+
   it('turns what the call threw into the cancellation once the activity is cancelled', async () => {
     const env = new MockActivityEnvironment();
     const run = env.run(() =>
