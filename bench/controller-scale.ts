@@ -181,7 +181,10 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const taken: Array<{ outcome: CheckpointOutcome; row: Row }> = [];
   for (let k = 0; k < checkpoints; k++) {
     if (k > 0) await sleep(2_000);
-    taken.push(await checkpointOnce(client, handle, rollouts));
+    const one = await checkpointOnce(client, handle, rollouts);
+    taken.push(one);
+    // As it is taken: a run that fails later (in its finish) still leaves these.
+    console.log(`  checkpoint ${k + 1}/${checkpoints}: ${String(one.row.outcome)}, admission closed ${String(one.row.admission_closed_s)} s, commit ${String(one.row.commit_s)} s`);
   }
   await post(`${backend}/_ctl/release`, {});
   const byAdmission = [...taken].sort((a, b) => Number(a.row.admission_closed_s) - Number(b.row.admission_closed_s));
