@@ -8,7 +8,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Client, Connection } from '@temporalio/client';
-import type { CheckpointOutcome } from '../protocol/controller.js';
 import { RunConfigSchema } from '../protocol/run-config.js';
 import { startRun } from '../scripts/run.js';
 import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
@@ -18,7 +17,7 @@ import { createControllerWorkers } from '../worker.js';
 import { checkpointWorkflowId } from '../workflows/checkpointAttempt.js';
 import { checkpointNow, runStatus } from '../workflows/messages.js';
 import { onExit } from './lib/cleanup.js';
-import { activityTimes, eventMs, workflowTaskTimes } from './lib/history-timing.js';
+import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
 
@@ -52,8 +51,7 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
   const first = eventMs(events[0]?.eventTime);
   if (process.env.BENCH_VERBOSE) {
     for (const e of events) {
-      const type = Object.keys(e).find((k) => k.endsWith('EventAttributes') && (e as Record<string, unknown>)[k]) ?? '?';
-      console.log(`  ${(eventMs(e.eventTime) - first).toFixed(0).padStart(6)} ms  ${type.replace('EventAttributes', '')}`);
+      console.log(`  ${(eventMs(e.eventTime) - first).toFixed(0).padStart(6)} ms  ${eventType(e)}`);
     }
   }
   const last = eventMs(events.at(-1)?.eventTime);
@@ -71,13 +69,12 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
     for (const e of runEvents) {
       const t = eventMs(e.eventTime);
       if (t < first - 100 || t > last + 100) continue;
-      const type = Object.keys(e).find((k) => k.endsWith('EventAttributes') && (e as Record<string, unknown>)[k]) ?? '?';
       const name =
         e.workflowExecutionSignaledEventAttributes?.signalName ??
         e.signalExternalWorkflowExecutionInitiatedEventAttributes?.signalName ??
         e.activityTaskScheduledEventAttributes?.activityType?.name ??
         '';
-      console.log(`  run ${(t - first).toFixed(0).padStart(6)} ms  ${type.replace('EventAttributes', '')} ${name}`);
+      console.log(`  run ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${name}`);
     }
   }
   const wft = workflowTaskTimes(events);
@@ -94,12 +91,12 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
 }
 
 /** The stage figures of one checkpoint taken with every rollout parked. */
-async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number): Promise<{ outcome: CheckpointOutcome; row: Row }> {
+async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number): Promise<Row> {
   const askedAt = Date.now();
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
   const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
-  const row: Row = {
+  return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
     exported: outcome.scope?.length ?? 0,
     prepare_s: round3(outcome.seconds.prepare ?? 0),
@@ -111,7 +108,6 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
     admission_closed_s: round3(outcome.seconds.admission_closed_seconds ?? 0),
     ...attempt,
   };
-  return { outcome, row };
 }
 
 async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
@@ -178,26 +174,26 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const parkedAt = Date.now();
   // K checkpoints of the same parked rollouts, back to back (a machine shared with others makes
   // one sample noisy): the row holds the median one's stages, and every admission-closed time.
-  const taken: Array<{ outcome: CheckpointOutcome; row: Row }> = [];
+  const taken: Row[] = [];
   for (let k = 0; k < checkpoints; k++) {
     if (k > 0) await sleep(2_000);
     const one = await checkpointOnce(client, handle, rollouts);
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
-    console.log(`  checkpoint ${k + 1}/${checkpoints}: ${String(one.row.outcome)}, admission closed ${String(one.row.admission_closed_s)} s, commit ${String(one.row.commit_s)} s`);
+    console.log(`  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s`);
   }
   await post(`${backend}/_ctl/release`, {});
-  const byAdmission = [...taken].sort((a, b) => Number(a.row.admission_closed_s) - Number(b.row.admission_closed_s));
+  const byAdmission = [...taken].sort((a, b) => Number(a.admission_closed_s) - Number(b.admission_closed_s));
   const median = byAdmission[Math.floor((byAdmission.length - 1) / 2)]!;
   const summary = await handle.result();
   const finishedAt = Date.now();
   const info = await handle.describe();
   const row: Row = {
     rollouts,
-    ...median.row,
-    outcome: new Set(taken.map((t) => t.row.outcome)).size === 1 ? String(median.row.outcome) : taken.map((t) => t.row.outcome).join(' '),
+    ...median,
+    outcome: new Set(taken.map((t) => t.outcome)).size === 1 ? String(median.outcome) : taken.map((t) => t.outcome).join(' '),
     checkpoints,
-    admission_closed_each_s: taken.map((t) => Number(t.row.admission_closed_s).toFixed(3)).join(' '),
+    admission_closed_each_s: taken.map((t) => Number(t.admission_closed_s).toFixed(3)).join(' '),
     dispatch_s: round3((dispatchedAt - t0) / 1000),
     dispatch_per_s: round3(rollouts / ((dispatchedAt - t0) / 1000)),
     parked_s: round3((parkedAt - t0) / 1000),

@@ -41,17 +41,17 @@ export const SIGNALS_BESIDE_STAGES = 'signals-beside-stages';
  */
 export const TAKE_EARLY_CUT = 'take-early-cut';
 /**
- * Patch: allocation, the restart check and publication are local activities. Each is a short file
- * or status read in this worker; as an activity each cost a server round trip and a workflow task
- * while admission is closed (~40 ms at 8,000 in flight), and publication's input (the scope's
- * keys) a history event.
- */
-/**
  * Patch: the attempt tells the run it takes the early cut (`takesEarlyCut`), and the run does not
  * confirm it. The confirmation usually reached the attempt as it completed: a new event, so that
  * workflow task failed and another ran (~60 ms at 8,000 in flight). Implies TAKE_EARLY_CUT.
  */
 export const EARLY_CUT_UNCONFIRMED = 'early-cut-unconfirmed';
+/**
+ * Patch: allocation, the restart check and publication are local activities. Each is a short file
+ * or status read in this worker; as an activity each cost a server round trip and a workflow task
+ * while admission is closed (~40 ms at 8,000 in flight), and publication's input (the scope's
+ * keys) a history event.
+ */
 export const LOCAL_FILE_STAGES = 'local-file-stages';
 
 export interface CheckpointAttemptInput {

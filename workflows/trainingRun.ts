@@ -629,7 +629,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   async function record(full: CheckpointOutcome): Promise<void> {
     // Kept (status, summary, metrics file, continue-as-new state) with counts, not the key lists:
     // 50 outcomes of 8,000 keys each would outgrow every payload they travel in.
-    const { scope, restarts, ...o }: CheckpointOutcome = full;
+    // The retention root is the attempt's instruction to the run, not part of the outcome.
+    const { scope, restarts, retentionRoot: _retentionRoot, ...o }: CheckpointOutcome = full;
     if (scope) o.scopeCount = scope.length;
     if (restarts) o.restartCount = restarts.length;
     st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
@@ -810,9 +811,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     // Published: older snapshots go now, with admission open (best effort: the next one retries;
     // the run awaits it before it continues as new or ends).
     if (o.retentionRoot) {
-      const previous = retention;
       const applied = storage.applyRetention({ root: o.retentionRoot, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
-      retention = Promise.all([previous, applied]);
+      retention = Promise.all([retention, applied]);
     }
     if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
     if (o.gymRestarted) st.recoveryNeeded = true;

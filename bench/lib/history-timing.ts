@@ -8,6 +8,12 @@ type EventTime = { seconds?: unknown; nanos?: number | null } | null | undefined
 
 export const eventMs = (t: EventTime): number => Number(t?.seconds ?? 0) * 1000 + (t?.nanos ?? 0) / 1e6;
 
+/** An event's type as its attributes field names it (`activityTaskScheduled`, …). */
+export function eventType(e: HistoryEvents[number]): string {
+  const key = Object.keys(e).find((k) => k.endsWith('EventAttributes') && (e as Record<string, unknown>)[k]);
+  return key ? key.replace('EventAttributes', '') : '?';
+}
+
 export interface TaskTimes {
   count: number;
   /** Scheduled → started, summed (ms): waiting for the server to hand the task to a worker. */
