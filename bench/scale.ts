@@ -768,6 +768,25 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   }
 }
 
+/** Problems counted by cause: a failed rollout's `failure_reason` (else the text after the key), addresses and numbers blanked. */
+export function problemCauses(problems: readonly string[]): Array<[string, number]> {
+  const counts = new Map<string, number>();
+  for (const p of problems) {
+    const m = /"failure_reason":"((?:[^"\\]|\\.)*)/.exec(p);
+    let reason = p.slice(p.indexOf(': ') + 2);
+    if (m) {
+      try {
+        reason = JSON.parse(`"${m[1]}"`) as string;
+      } catch {
+        reason = m[1]!; // cut short by the problem's own truncation
+      }
+    }
+    const cause = reason.replace(/https?:\/\/[^/\s]+/g, 'http://…').replace(/\d+/g, 'N').slice(0, 200);
+    counts.set(cause, (counts.get(cause) ?? 0) + 1);
+  }
+  return [...counts].sort((a, b) => b[1] - a[1]);
+}
+
 // --- main -------------------------------------------------------------------------------------
 
 async function main(): Promise<void> {
@@ -803,6 +822,7 @@ async function main(): Promise<void> {
     if (r.problems.length) {
       failed = true;
       console.log(`  ${r.problems.length} problems, first ones:\n    ${r.problems.slice(0, 20).join('\n    ')}`);
+      console.log(`  by cause:\n${problemCauses(r.problems).map(([cause, n]) => `    ${String(n).padStart(6)}  ${cause}`).join('\n')}`);
     }
   }
   console.log('');

@@ -11,6 +11,7 @@ import { existsSync, unlink, writeFile as writeFileRaw } from 'node:fs';
 import { appendFile, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { parseCaptureKey, type CaptureKey } from '../../protocol/ids.js';
+import { callFileSlots, FileSlots } from '../common/file-slots.js';
 import { resolveParent, type RequestContext } from './conversation.js';
 import { deleteStagedTokens, LEDGER_DIR, LEDGER_SUFFIX, ledgerPath, TOKENS_DIR } from './token-store.js';
 
@@ -73,24 +74,6 @@ function unlinkQuiet(file: string): Promise<void> {
 
 function writeFileCb(file: string, data: string): Promise<void> {
   return new Promise((resolve, reject) => writeFileRaw(file, data, (err) => (err ? reject(err) : resolve())));
-}
-
-/** Bounds concurrent work (file creation is latency-bound: some parallelism pays, unbounded does not). */
-class Semaphore {
-  private active = 0;
-  private readonly queue: Array<() => void> = [];
-  constructor(private readonly limit: number) {}
-
-  async run<T>(work: () => Promise<T>): Promise<T> {
-    if (this.active >= this.limit) await new Promise<void>((r) => this.queue.push(r));
-    this.active++;
-    try {
-      return await work();
-    } finally {
-      this.active--;
-      this.queue.shift()?.();
-    }
-  }
 }
 
 async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
@@ -190,8 +173,8 @@ export class CaptureLedger {
     return this.chain(key, async () => {
       const known = this.rowsByKey.get(key);
       const line = `${JSON.stringify(row)}\n`;
-      if (known) await appendFile(ledgerPath(this.captureDir, key), line);
-      else await writeFile(ledgerPath(this.captureDir, key), line);
+      const file = ledgerPath(this.captureDir, key);
+      await callFileSlots.run(() => (known ? appendFile(file, line) : writeFile(file, line)));
       addTo(this.ledgerKeys, key);
       if (known) known.push(row);
       else this.rowsByKey.set(key, [row]);
@@ -201,7 +184,8 @@ export class CaptureLedger {
   /** Replaces the ledger of `key` with `rows` (restore's import). */
   replace(key: CaptureKey, rows: readonly LedgerRow[]): Promise<void> {
     return this.chain(key, async () => {
-      await writeFile(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join(''));
+      const text = rows.map((r) => `${JSON.stringify(r)}\n`).join('');
+      await callFileSlots.run(() => writeFile(ledgerPath(this.captureDir, key), text));
       addTo(this.ledgerKeys, key);
       this.rowsByKey.set(key, [...rows]);
     });
@@ -289,7 +273,7 @@ export class CaptureLedger {
 
     const journalFile = join(this.captureDir, LEDGER_DIR, `import-${Date.now()}-${process.pid}-${++this.imports}${JOURNAL_SUFFIX}`);
     await writeFile(journalFile, `${journal.join('\n')}\n`);
-    const io = new Semaphore(IO_CONCURRENCY);
+    const io = new FileSlots(IO_CONCURRENCY);
     // Chained per key now, so an append can never overtake its key's import.
     const writes = imported.map(({ key, rows }) =>
       this.chain(key, () => writeAfter.then(() => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join(''))))),

@@ -37,6 +37,7 @@
 import { mkdir, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ID_PATTERN } from '../../protocol/ids.js';
+import { callFileSlots } from '../common/file-slots.js';
 
 export const TOKEN_STORE_FORMAT = 'ng-token-store/1';
 export const TOKENS_DIR = 'tokens';
@@ -133,8 +134,11 @@ export async function listStagingKeys(captureDir: string, captureKey: string): P
 /** Writes one staged call; `dirExists` skips creating its capture key's directory. */
 export async function writeStagedTokens(captureDir: string, entry: StagedTokens, opts: { dirExists?: boolean } = {}): Promise<void> {
   const file = stagedTokensPath(captureDir, entry.staging_key);
-  if (!opts.dirExists) await mkdir(tokensDir(captureDir, entry.capture_key), { recursive: true });
-  await writeFile(file, JSON.stringify(entry));
+  const text = JSON.stringify(entry);
+  await callFileSlots.run(async () => {
+    if (!opts.dirExists) await mkdir(tokensDir(captureDir, entry.capture_key), { recursive: true });
+    await writeFile(file, text);
+  });
 }
 
 /**

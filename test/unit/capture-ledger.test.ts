@@ -184,3 +184,28 @@ describe('capture ledger', () => {
     expect(reopened.keysOf('q')).toEqual(['q-a1']);
   });
 });
+
+describe('descriptors under a burst of calls', () => {
+  // A model answering thousands of calls at once writes a ledger row and a token file for each.
+  // Unbounded, every pending write held an open descriptor: beside the calls' sockets, a model
+  // process ran out (`EMFILE`) and withheld the replies it could not record.
+  const fdDir = '/proc/self/fd';
+  it.skipIf(!existsSync(fdDir))('keeps the open descriptors bounded while 3,000 rows and token files are written at once', async () => {
+    const ledger = await CaptureLedger.open(tempDir());
+    const baseline = readdirSync(fdDir).length;
+    let peak = baseline;
+    const sampler = setInterval(() => (peak = Math.max(peak, readdirSync(fdDir).length)), 1);
+    try {
+      const keys = Array.from({ length: 3000 }, (_, i) => `burst-${i}`);
+      await Promise.all(
+        keys.flatMap((k) => [ledger.append(k, row('c1', k)), writeStagedTokens(ledger.captureDir, staged(k, 'c1'))]),
+      );
+      peak = Math.max(peak, readdirSync(fdDir).length);
+      expect(ledger.rows('burst-2999')).toHaveLength(1);
+      expect(await readStagedTokens(ledger.captureDir, stagingKeyOf('burst-2999', 'c1'))).toBeDefined();
+    } finally {
+      clearInterval(sampler);
+    }
+    expect(peak - baseline).toBeLessThan(300);
+  });
+});
