@@ -11,13 +11,15 @@ export class FileSlots {
 
   /** Runs `work` in a slot. `work` must not itself wait for a slot of the same instance. */
   async run<T>(work: () => Promise<T>): Promise<T> {
+    // A finishing holder hands its slot straight to the next waiter, so nobody slips in between.
     if (this.active >= this.limit) await new Promise<void>((r) => this.queue.push(r));
-    this.active++;
+    else this.active++;
     try {
       return await work();
     } finally {
-      this.active--;
-      this.queue.shift()?.();
+      const next = this.queue.shift();
+      if (next) next();
+      else this.active--;
     }
   }
 }
