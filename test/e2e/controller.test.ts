@@ -140,18 +140,18 @@ describe('controller on the dev server with a real Gym', () => {
     await waitForLine(first, /worker: polling/, 60_000);
     const cfg = config('e2e-kill', tq, { rollout_checkpointing: { snapshot_attempt_interval_s: 2, gym: { prepare_timeout_s: 30 } } });
     const handle = await startRun(client, cfg);
-    // Wait for a checkpoint attempt to be running, then kill the worker under it.
-    let attemptId: string | undefined;
-    for (let i = 0; i < 600 && !attemptId; i++) {
-      for await (const wf of client.workflow.list({ query: `WorkflowType = 'checkpointAttempt' AND ExecutionStatus = 'Running'` })) {
-        if (wf.workflowId.startsWith(`${cfg.run.name}/checkpoint/`)) attemptId = wf.workflowId;
-      }
-      if (!attemptId) await new Promise((r) => setTimeout(r, 50));
-    }
-    expect(attemptId).toBeDefined();
+    // Kill the worker the moment the run starts a checkpoint attempt. An attempt lasts ~0.1-0.3 s
+    // here, shorter than visibility takes to list it as running: the run's history is long-polled.
+    const attemptId = await openChildOf(cfg.run.name, 'checkpointAttempt', 60_000);
     await first.kill();
-    const statusWhileDown = await client.workflow.getHandle(attemptId!).describe();
-    expect(statusWhileDown.status.name).toBe('RUNNING');
+    // The server starts the child from the run's command: give it a moment to exist.
+    let statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
+    for (let i = 0; i < 50 && !statusWhileDown; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
+    }
+    expect(statusWhileDown).toBeDefined();
+    expect(statusWhileDown!.status.name).toBe('RUNNING');
 
     const second = startWorkerProcess(tq);
     await waitForLine(second, /worker: polling/, 60_000);
@@ -164,8 +164,8 @@ describe('controller on the dev server with a real Gym', () => {
     const summary = await handle.result().finally(() => clearInterval(progress));
     expect(summary.steps).toBe(cfg.grpo.max_num_steps);
     // the interrupted attempt finished (same workflow ID = same checkpoint ID), exactly once
-    const checkpointId = attemptId!.slice(`${cfg.run.name}/checkpoint/`.length);
-    const attempt = await client.workflow.getHandle(attemptId!).result();
+    const checkpointId = attemptId.slice(`${cfg.run.name}/checkpoint/`.length);
+    const attempt = await client.workflow.getHandle(attemptId).result();
     expect(attempt.checkpointId).toBe(checkpointId);
     expect(['completed', 'failed']).toContain(attempt.outcome);
     const withId = summary.checkpoints.filter((c) => c.checkpointId === checkpointId);
@@ -181,6 +181,45 @@ describe('controller on the dev server with a real Gym', () => {
     if (status) expect(status.gates.gymCheckpoint).toBe(false);
   }, 240_000);
 });
+
+/**
+ * The workflow ID of a child of `type` the workflow has started and not yet seen close, read from
+ * its history as events arrive (a long poll: no visibility lag). Follows a continue-as-new.
+ */
+async function openChildOf(workflowId: string, type: string, timeoutMs: number): Promise<string> {
+  const end = Date.now() + timeoutMs;
+  const open = new Map<string, string>(); // initiated event ID → child workflow ID
+  let token: Uint8Array | undefined;
+  while (Date.now() < end) {
+    const res = await client.workflowService.getWorkflowExecutionHistory({
+      namespace: 'default',
+      execution: { workflowId },
+      nextPageToken: token,
+      waitNewEvent: true,
+    });
+    for (const e of res.history?.events ?? []) {
+      const started = e.startChildWorkflowExecutionInitiatedEventAttributes;
+      if (started?.workflowType?.name === type && started.workflowId) open.set(String(e.eventId), started.workflowId);
+      const closed =
+        e.startChildWorkflowExecutionFailedEventAttributes ??
+        e.childWorkflowExecutionCompletedEventAttributes ??
+        e.childWorkflowExecutionFailedEventAttributes ??
+        e.childWorkflowExecutionCanceledEventAttributes ??
+        e.childWorkflowExecutionTimedOutEventAttributes ??
+        e.childWorkflowExecutionTerminatedEventAttributes;
+      if (closed?.initiatedEventId != null) open.delete(String(closed.initiatedEventId));
+    }
+    const first = open.values().next();
+    if (!first.done) return first.value;
+    // No token: the run closed (continued as new): read its successor from the start.
+    if (res.nextPageToken?.length) token = res.nextPageToken;
+    else {
+      token = undefined;
+      open.clear();
+    }
+  }
+  throw new Error(`${workflowId} started no ${type} within ${timeoutMs} ms`);
+}
 
 // --- recovery ---------------------------------------------------------------------------------
 
