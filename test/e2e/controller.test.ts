@@ -6,7 +6,7 @@ import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Client, Connection } from '@temporalio/client';
+import { Client, Connection, type WorkflowExecutionDescription } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
@@ -145,12 +145,11 @@ describe('controller on the dev server with a real Gym', () => {
     const attemptId = await openChildOf(cfg.run.name, 'checkpointAttempt', 60_000);
     await first.kill();
     // The server starts the child from the run's command: give it a moment to exist.
-    let statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
-    for (let i = 0; i < 50 && !statusWhileDown; i++) {
-      await new Promise((r) => setTimeout(r, 100));
+    let statusWhileDown: WorkflowExecutionDescription | undefined;
+    await until(`${attemptId} to exist`, async () => {
       statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
-    }
-    expect(statusWhileDown).toBeDefined();
+      return statusWhileDown !== undefined;
+    }, 5_000);
     expect(statusWhileDown!.status.name).toBe('RUNNING');
 
     const second = startWorkerProcess(tq);
