@@ -1,8 +1,10 @@
 // `npm run gym -- <command>`: runs a Gym deployment as detached process groups.
 //   up <config.yaml> --dir <run dir>   validate, pick ports, start everything, wait for /healthz
 //   down <run dir>                     SIGTERM every server, SIGKILL stragglers
-//   kill <run dir> [--all]             SIGKILL every Gym server (a crash); --all also the inference backend
-//   restart <run dir>                  fresh Gym servers on the same ports (inference only if it is down)
+//   kill <run dir> [--all] [--server NAME]...   SIGKILL every Gym server (a crash); --all also the
+//                                               inference backend; --server only the named ones
+//   restart <run dir> [--server NAME]...        fresh Gym servers on the same ports (inference only if
+//                                               it is down); --server only the named ones
 //   status <run dir>                   alive / healthy per server
 import { parseArgs } from 'node:util';
 import { ConfigError } from '../servers/common/config-error.js';
@@ -18,8 +20,8 @@ import {
 
 const USAGE = `usage: npm run gym -- up <config.yaml> --dir <run dir>
        npm run gym -- down <run dir>
-       npm run gym -- kill <run dir> [--all]
-       npm run gym -- restart <run dir>
+       npm run gym -- kill <run dir> [--all] [--server NAME]...
+       npm run gym -- restart <run dir> [--server NAME]...
        npm run gym -- status <run dir>`;
 
 class UsageError extends Error {}
@@ -41,7 +43,12 @@ async function main(argv: string[]): Promise<number> {
     parsed = parseArgs({
       args: argv,
       allowPositionals: true,
-      options: { dir: { type: 'string' }, all: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h' } },
+      options: {
+        dir: { type: 'string' },
+        all: { type: 'boolean', default: false },
+        server: { type: 'string', multiple: true },
+        help: { type: 'boolean', short: 'h' },
+      },
     });
   } catch (err) {
     throw new UsageError((err as Error).message);
@@ -69,12 +76,13 @@ async function main(argv: string[]): Promise<number> {
       console.log('stopped');
       return 0;
     case 'kill': {
-      const killed = await killDeployment(need('<run dir>'), { includeInference: values.all });
+      if (values.all && values.server) throw new UsageError('kill takes --all or --server, not both');
+      const killed = await killDeployment(need('<run dir>'), { includeInference: values.all, ...(values.server ? { servers: values.server } : {}) });
       console.log(killed.length ? `SIGKILLed ${killed.join(', ')}` : 'nothing was running');
       return 0;
     }
     case 'restart':
-      printServers(await restartDeployment(need('<run dir>'), { log: progress }));
+      printServers(await restartDeployment(need('<run dir>'), { log: progress, ...(values.server ? { servers: values.server } : {}) }));
       return 0;
     case 'status': {
       const rows = (await statusDeployment(need('<run dir>'))).map((s) => [

@@ -7,7 +7,7 @@ import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../common/config-error.js';
 import type { Endpoints } from '../common/deployment.js';
-import { groupAlive, killGroup, stopGroup } from './group-liveness.js';
+import { groupAlive, killGroup, signalGroup, stopGroup } from './group-liveness.js';
 import { probeHealth, waitHealthy } from './health.js';
 import { freePorts, isPortFree } from './ports.js';
 import { spawnGroup } from './process-group.js';
@@ -138,13 +138,30 @@ export async function downDeployment(runDir: string, opts: { graceMs?: number } 
   await stopNames(state, Object.keys(state.servers), opts.graceMs ?? 5_000);
 }
 
+export interface ServerSelection {
+  /** Only these servers (names of the deployment); unknown names are a LaunchError. Default: every Gym server. */
+  servers?: string[];
+}
+
+/** The names a selection picks: the named servers, or every one that passes `byDefault`. */
+function selectServers(state: RunState, sel: ServerSelection, byDefault: (name: string, s: ServerState) => boolean): string[] {
+  if (!sel.servers) return Object.entries(state.servers).filter(([name, s]) => byDefault(name, s)).map(([name]) => name);
+  const unknown = sel.servers.filter((n) => !state.servers[n]);
+  if (unknown.length) {
+    throw new LaunchError(unknown[0]!, `no server ${unknown.map((n) => `'${n}'`).join(', ')} in this deployment (it has ${Object.keys(state.servers).join(', ')})`, '');
+  }
+  return [...new Set(sel.servers)];
+}
+
 /**
- * A crash: SIGKILL every Gym process group (environment, agent, model, resources). The inference
- * backend survives unless `includeInference`. Returns the servers that were killed.
+ * A crash: SIGKILL every Gym process group (environment, agent, model, resources), or only the
+ * selected servers. The inference backend survives unless `includeInference` (or it is selected).
+ * Returns the servers that were killed.
  */
-export async function killDeployment(runDir: string, opts: { includeInference?: boolean } = {}): Promise<string[]> {
+export async function killDeployment(runDir: string, opts: ServerSelection & { includeInference?: boolean } = {}): Promise<string[]> {
   const state = readRunState(resolve(runDir));
-  const victims = Object.entries(state.servers).filter(([name, s]) => (opts.includeInference || !isInference(s)) && groupAlive(s.pid, name));
+  const names = selectServers(state, opts, (_, s) => opts.includeInference === true || !isInference(s));
+  const victims = names.map((name) => [name, state.servers[name]!] as const).filter(([name, s]) => groupAlive(s.pid, name));
   // Environment servers first (every signal is sent before any await): an environment that
   // outlived its agent by a few milliseconds would report the episode as a failure of a peer
   // that died in the same crash, instead of simply vanishing with it.
@@ -154,18 +171,26 @@ export async function killDeployment(runDir: string, opts: { includeInference?: 
 }
 
 /**
- * Fresh processes on the same ports for every Gym server (a still-running one is stopped first);
- * the inference backend only if it is not running. Returns once all are healthy.
+ * Sends `signal` to the selected servers' process groups (SIGSTOP / SIGCONT freeze and thaw a
+ * server, as a stalled host would). Returns the servers signalled.
  */
-export async function restartDeployment(runDir: string, opts: LaunchOptions = {}): Promise<RunningDeployment> {
+export function signalServers(runDir: string, opts: Required<ServerSelection>, signal: NodeJS.Signals): string[] {
+  const state = readRunState(resolve(runDir));
+  return selectServers(state, opts, () => false).filter((name) => signalGroup(state.servers[name]!.pid, name, signal));
+}
+
+/**
+ * Fresh processes on the same ports for every Gym server, or only the selected ones (a
+ * still-running one is stopped first); the inference backend only if it is not running (or it is
+ * selected). Returns once all are healthy.
+ */
+export async function restartDeployment(runDir: string, opts: LaunchOptions & ServerSelection = {}): Promise<RunningDeployment> {
   const dir = resolve(runDir);
   const env = { ...process.env, ...opts.env };
   const state = readRunState(dir);
   // The copy must still validate (the control token comes from this caller's environment).
   await validateDeploymentFile(deploymentPath(dir), env);
-  const names = Object.entries(state.servers)
-    .filter(([name, s]) => !isInference(s) || !groupAlive(s.pid, name))
-    .map(([name]) => name);
+  const names = selectServers(state, opts, (name, s) => !isInference(s) || !groupAlive(s.pid, name));
   await stopNames(state, names, 5_000);
   for (const name of names) {
     const s = state.servers[name]!;
