@@ -3,10 +3,13 @@
 //  - the rollout task queue: only the long `/run` activity, sized for thousands of concurrent rollouts,
 //    so coordination calls never queue behind rollouts.
 //   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run]
-// The Gym control token comes from GYM_CONTROL_TOKEN.
+//                 [--connect-timeout-s N]
+// The Gym control token comes from GYM_CONTROL_TOKEN. A Temporal server that cannot be reached at
+// start (not up yet, restarting) is retried with backoff, each try logged; by default for ever.
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import { setTimeout as delay } from 'node:timers/promises';
+import { NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { createActivities } from './activities/index.js';
 
 export interface ControllerWorkerOptions {
@@ -18,6 +21,10 @@ export interface ControllerWorkerOptions {
   /** Reuse a bundle across workers in one process (tests). */
   workflowBundle?: WorkflowBundleWithSourceMap;
   maxConcurrentRollouts?: number;
+  /** Give up connecting after this long (default: retry for ever). */
+  connectTimeoutMs?: number;
+  /** Where each failed connection try is reported (default: console.error). */
+  log?: (line: string) => void;
 }
 
 export interface ControllerWorkers {
@@ -31,32 +38,63 @@ export async function bundleWorkflows(): Promise<WorkflowBundleWithSourceMap> {
   return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: undefined });
 }
 
+/** Waits before connection try `n` (from 0): 0.5 s doubling to 10 s. */
+export function connectBackoffMs(n: number): number {
+  return Math.min(10_000, 500 * 2 ** n);
+}
+
+/**
+ * Connects and creates both workers, retrying with backoff while the Temporal server cannot be
+ * reached (it is not up yet, or restarting): a starting worker rides that out as a running one does.
+ * Anything else (a namespace that does not exist, bad options) fails at once.
+ */
+async function connectWorkers(opts: ControllerWorkerOptions, create: (connection: NativeConnection) => Promise<Worker[]>): Promise<{ connection: NativeConnection; workers: Worker[] }> {
+  const log = opts.log ?? ((line: string) => console.error(line));
+  const giveUpAt = opts.connectTimeoutMs === undefined ? Infinity : Date.now() + opts.connectTimeoutMs;
+  for (let n = 0; ; n++) {
+    let connection: NativeConnection | undefined;
+    try {
+      connection = await NativeConnection.connect({ address: opts.address });
+      return { connection, workers: await create(connection) };
+    } catch (err) {
+      await connection?.close().catch(() => undefined);
+      if (!(err instanceof TransportError)) throw err;
+      const wait = connectBackoffMs(n);
+      if (Date.now() + wait > giveUpAt) throw new Error(`worker: Temporal at ${opts.address} did not answer within ${opts.connectTimeoutMs} ms: ${err.message}`);
+      log(`worker: cannot reach Temporal at ${opts.address} (try ${n + 1}: ${err.message.split('\n')[0]}); retrying in ${(wait / 1000).toFixed(1)} s`);
+      await delay(wait);
+    }
+  }
+}
+
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
-  const connection = await NativeConnection.connect({ address: opts.address });
   const activities = createActivities({ controlToken: opts.controlToken });
   const workflowBundle = opts.workflowBundle ?? (await bundleWorkflows());
-  const control = await Worker.create({
-    connection,
-    namespace: opts.namespace ?? 'default',
-    taskQueue: opts.taskQueue ?? 'rollout-control',
-    workflowBundle,
-    activities,
-    maxConcurrentActivityTaskExecutions: 200,
-    maxConcurrentWorkflowTaskExecutions: 64,
-    maxCachedWorkflows: 4_000,
-  });
-  const rollouts = await Worker.create({
-    connection,
-    namespace: opts.namespace ?? 'default',
-    taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
-    activities: { runEpisode: activities.runEpisode },
-    // Each /run holds a slot for its whole duration; they are I/O-bound.
-    maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
-    maxConcurrentActivityTaskPolls: 20,
-    // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
-    // not capped at the default 60 s: every one is a server write per parked rollout.
-    maxHeartbeatThrottleInterval: '1 hour',
-  });
+  const { connection, workers } = await connectWorkers(opts, async (connection) => [
+    await Worker.create({
+      connection,
+      namespace: opts.namespace ?? 'default',
+      taskQueue: opts.taskQueue ?? 'rollout-control',
+      workflowBundle,
+      activities,
+      maxConcurrentActivityTaskExecutions: 200,
+      maxConcurrentWorkflowTaskExecutions: 64,
+      maxCachedWorkflows: 4_000,
+    }),
+    await Worker.create({
+      connection,
+      namespace: opts.namespace ?? 'default',
+      taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
+      activities: { runEpisode: activities.runEpisode },
+      // Each /run holds a slot for its whole duration; they are I/O-bound.
+      maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
+      maxConcurrentActivityTaskPolls: 20,
+      // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
+      // not capped at the default 60 s: every one is a server write per parked rollout.
+      maxHeartbeatThrottleInterval: '1 hour',
+    }),
+  ]);
+  const [control, rollouts] = workers as [Worker, Worker];
   let running: Promise<void> | undefined;
   return {
     run() {
@@ -78,8 +116,14 @@ async function main(): Promise<void> {
       namespace: { type: 'string', default: 'default' },
       'task-queue': { type: 'string', default: 'rollout-control' },
       'rollout-task-queue': { type: 'string', default: 'rollout-run' },
+      'connect-timeout-s': { type: 'string' },
     },
   });
+  const connectTimeoutS = values['connect-timeout-s'] === undefined ? undefined : Number(values['connect-timeout-s']);
+  if (connectTimeoutS !== undefined && !(connectTimeoutS > 0)) {
+    console.error('worker: --connect-timeout-s must be a positive number of seconds');
+    process.exit(2);
+  }
   const controlToken = process.env.GYM_CONTROL_TOKEN;
   if (!controlToken) {
     console.error('worker: set GYM_CONTROL_TOKEN (the Gym deployment control token)');
@@ -91,6 +135,7 @@ async function main(): Promise<void> {
     taskQueue: values['task-queue'],
     rolloutTaskQueue: values['rollout-task-queue'],
     controlToken,
+    ...(connectTimeoutS !== undefined ? { connectTimeoutMs: connectTimeoutS * 1000 } : {}),
   });
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void workers.shutdown());
   console.log(`worker: polling ${values['task-queue']} and ${values['rollout-task-queue']} on ${values.address}`);
