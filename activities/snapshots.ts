@@ -28,6 +28,7 @@ import { readRecords } from '../servers/control/storage.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { fsyncPath, sortKeysDeep, writeFileAtomically, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
+import { TRAINER_FILE } from './trainer.js';
 
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
 export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
@@ -449,27 +450,49 @@ export async function finalizeSnapshot(input: FinalizeSnapshotInput): Promise<st
 }
 
 export interface ApplyRetentionInput {
-  /** `<checkpoint_dir>/<anchor>/rollout_snapshots` */
-  root: string;
+  /** The run's checkpoint directory: retention spans every anchor in it. */
+  checkpointDir: string;
   keepLatestK: number;
 }
 
-/** Keeps the newest `keepLatestK` snapshots; each older one is renamed to `trash_…`, fsynced, deleted. Returns the deleted names. */
+/**
+ * Retention over the whole checkpoint directory (controller.md §3.5): keeps the newest
+ * `keepLatestK` snapshots, newest anchor first (`step_<N>` by N, then `bootstrap`) and by sequence
+ * within one; bootstrap snapshots go wholesale once a durable `step_<N>` (its trainer checkpoint)
+ * exists. The newest snapshot is always kept: it is the one a recovery restores. Each snapshot
+ * that goes is renamed to `trash_…`, its parent fsynced, then deleted. Returns the deleted
+ * snapshots as `<anchor>/<name>`.
+ */
 export async function applyRetention(input: ApplyRetentionInput): Promise<string[]> {
   if (!Number.isSafeInteger(input.keepLatestK) || input.keepLatestK < 1) {
     throw invariantFailure(`keepLatestK must be an integer ≥ 1 (got ${String(input.keepLatestK)})`);
   }
-  const root = input.root;
-  return storage(`applying retention in ${root}`, async () => {
-    const old = (await listSequences(root, SNAPSHOT_NAME)).slice(input.keepLatestK).map((s) => s.name);
-    const trash = (await listSequences(root, /^trash_snapshot_(\d{6,})$/)).map((s) => s.name);
-    if (old.length === 0 && trash.length === 0) return [];
-    for (const name of old) await fsp.rename(path.join(root, name), path.join(root, `trash_${name}`));
-    await fsyncPath(root);
-    for (const name of [...old.map((n) => `trash_${n}`), ...trash]) await fsp.rm(path.join(root, name), { recursive: true, force: true });
-    await fsyncPath(root);
-    return old;
+  const { checkpointDir } = input;
+  return storage(`applying retention in ${checkpointDir}`, async () => {
+    const anchors = await listAnchors(checkpointDir);
+    const durableStep = await anyExists(anchors.filter((a) => a !== BOOTSTRAP_ANCHOR).map((a) => path.join(checkpointDir, a, TRAINER_FILE)));
+    const ranked: { anchor: string; name: string }[] = [];
+    for (const anchor of anchors) {
+      for (const { name } of await listSequences(path.join(checkpointDir, anchor, SNAPSHOTS_DIR), SNAPSHOT_NAME)) ranked.push({ anchor, name });
+    }
+    const doomed = ranked.filter((s, i) => i > 0 && (i >= input.keepLatestK || (s.anchor === BOOTSTRAP_ANCHOR && durableStep)));
+    for (const anchor of anchors) {
+      const root = path.join(checkpointDir, anchor, SNAPSHOTS_DIR);
+      const old = doomed.filter((s) => s.anchor === anchor).map((s) => s.name);
+      const trash = (await listSequences(root, /^trash_snapshot_(\d{6,})$/)).map((s) => s.name);
+      if (old.length === 0 && trash.length === 0) continue;
+      for (const name of old) await fsp.rename(path.join(root, name), path.join(root, `trash_${name}`));
+      await fsyncPath(root);
+      for (const name of [...old.map((n) => `trash_${n}`), ...trash]) await fsp.rm(path.join(root, name), { recursive: true, force: true });
+      await fsyncPath(root);
+    }
+    return doomed.map((s) => `${s.anchor}/${s.name}`);
   });
+}
+
+async function anyExists(files: string[]): Promise<boolean> {
+  for (const f of files) if (await exists(f)) return true;
+  return false;
 }
 
 export interface DiscardSnapshotInput {

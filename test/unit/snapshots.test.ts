@@ -190,23 +190,60 @@ describe('publishSnapshot', () => {
 });
 
 describe('applyRetention', () => {
-  it('keeps the newest k and deletes the rest through trash_', async () => {
-    const root = path.join(dir, 'step_1', 'rollout_snapshots');
-    for (const n of ['snapshot_000001', 'snapshot_000002', 'snapshot_000003', 'snapshot_000010', 'trash_snapshot_000000', 'tmp_snapshot_000011']) {
-      await fsp.mkdir(path.join(root, n, 'gym'), { recursive: true });
+  /** Creates snapshot (and other) directories under `<dir>/<anchor>/rollout_snapshots`. */
+  async function layout(anchors: Record<string, string[]>, durable: string[] = []): Promise<void> {
+    for (const [anchor, names] of Object.entries(anchors)) {
+      for (const n of names) await fsp.mkdir(path.join(dir, anchor, 'rollout_snapshots', n, 'gym'), { recursive: true });
     }
-    const deleted = await applyRetention({ root, keepLatestK: 2 });
-    expect(deleted).toEqual(['snapshot_000002', 'snapshot_000001']);
-    expect((await fsp.readdir(root)).sort()).toEqual(['snapshot_000003', 'snapshot_000010', 'tmp_snapshot_000011']);
-    expect(await applyRetention({ root, keepLatestK: 2 })).toEqual([]);
+    for (const anchor of durable) await fsp.writeFile(path.join(dir, anchor, 'trainer.json'), '{}');
+  }
+  const listing = async (anchor: string): Promise<string[]> => (await fsp.readdir(path.join(dir, anchor, 'rollout_snapshots'))).sort();
+
+  it('keeps the newest k of one anchor and deletes the rest through trash_', async () => {
+    await layout({ step_1: ['snapshot_000001', 'snapshot_000002', 'snapshot_000003', 'snapshot_000010', 'trash_snapshot_000000', 'tmp_snapshot_000011'] });
+    const deleted = await applyRetention({ checkpointDir: dir, keepLatestK: 2 });
+    expect(deleted).toEqual(['step_1/snapshot_000002', 'step_1/snapshot_000001']);
+    expect(await listing('step_1')).toEqual(['snapshot_000003', 'snapshot_000010', 'tmp_snapshot_000011']);
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 2 })).toEqual([]);
+  });
+
+  it('counts k across anchors, newest anchor first (step_10 after step_9, not by name)', async () => {
+    await layout({ step_9: ['snapshot_000001', 'snapshot_000002'], step_10: ['snapshot_000001'], step_2: ['snapshot_000005'] }, ['step_2', 'step_9', 'step_10']);
+    const deleted = await applyRetention({ checkpointDir: dir, keepLatestK: 2 });
+    expect(deleted).toEqual(['step_9/snapshot_000001', 'step_2/snapshot_000005']);
+    expect(await listing('step_10')).toEqual(['snapshot_000001']);
+    expect(await listing('step_9')).toEqual(['snapshot_000002']);
+    expect(await listing('step_2')).toEqual([]);
+    // the trainer checkpoints themselves are not retention's business
+    expect(existsSync(path.join(dir, 'step_2', 'trainer.json'))).toBe(true);
+  });
+
+  it('deletes bootstrap snapshots wholesale once a durable step anchor exists, but never the newest snapshot', async () => {
+    await layout({ bootstrap: ['snapshot_000001', 'snapshot_000002'] }, []);
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 3 })).toEqual([]);
+    // The step_1 anchor is durable, its snapshot not published yet: the newest (bootstrap) one stays.
+    await fsp.mkdir(path.join(dir, 'step_1'));
+    await fsp.writeFile(path.join(dir, 'step_1', 'trainer.json'), '{}');
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 3 })).toEqual(['bootstrap/snapshot_000001']);
+    expect(await listing('bootstrap')).toEqual(['snapshot_000002']);
+    await layout({ step_1: ['snapshot_000001'] });
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 3 })).toEqual(['bootstrap/snapshot_000002']);
+    expect(await listing('bootstrap')).toEqual([]);
+    expect(await listing('step_1')).toEqual(['snapshot_000001']);
+  });
+
+  it('keeps bootstrap snapshots within k while no step anchor is durable (trainer off: snapshots under step_N only)', async () => {
+    await layout({ bootstrap: ['snapshot_000001'], step_1: ['snapshot_000001'] });
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 2 })).toEqual([]);
+    expect(await applyRetention({ checkpointDir: dir, keepLatestK: 1 })).toEqual(['bootstrap/snapshot_000001']);
   });
 
   it('refuses keepLatestK < 1', async () => {
-    await expectFailure(applyRetention({ root: dir, keepLatestK: 0 }), 'invariant_error', /keepLatestK/);
+    await expectFailure(applyRetention({ checkpointDir: dir, keepLatestK: 0 }), 'invariant_error', /keepLatestK/);
   });
 
-  it('is a no-op on a missing root', async () => {
-    expect(await applyRetention({ root: path.join(dir, 'nope'), keepLatestK: 1 })).toEqual([]);
+  it('is a no-op on a missing checkpoint directory', async () => {
+    expect(await applyRetention({ checkpointDir: path.join(dir, 'nope'), keepLatestK: 1 })).toEqual([]);
   });
 });
 
