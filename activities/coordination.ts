@@ -78,6 +78,8 @@ export interface ServerFailure {
   description: string;
   /** No HTTP reply (connection refused or broken, timeout, abort). */
   transport?: true;
+  /** The server could not be reached, or the connection broke (refused, reset): its process is down or restarting. */
+  unreachable?: true;
   /** The client timeout of the call fired. */
   timeout?: true;
   /** The caller's signal aborted the call. */
@@ -192,6 +194,7 @@ function transportFailure(err: unknown): ServerFailure {
       detail: err.message,
       description,
       transport: true,
+      ...(err.isConnectionError ? { unreachable: true as const } : {}),
       ...(err.reason === 'timeout' ? { timeout: true as const } : {}),
       ...(err.reason === 'aborted' ? { aborted: true as const } : {}),
     };

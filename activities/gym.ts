@@ -65,6 +65,15 @@ export function topologyFingerprint(members: readonly { name: string; kind: stri
   return createHash('sha256').update(lines.join('\n'), 'utf8').digest('hex');
 }
 
+/** The details of a Gym ApplicationFailure (its `details[0]`). */
+export interface GymFailureDetails {
+  operation: string;
+  /** Server name → what went wrong there. */
+  failures: Record<string, string>;
+  /** The servers that could not be reached (connection refused or broken), when any. */
+  unreachable?: string[];
+}
+
 /**
  * A coordination error as the ApplicationFailure workflows branch on:
  * a refusal → non-retryable, typed by its code; a protocol violation (or a deployment-level
@@ -77,7 +86,9 @@ export function gymFailure(err: unknown): unknown {
   if (!isCoordinationError(err)) return invariantFailure(`unexpected error: ${errorMessage(err)}`);
   const failures: Record<string, string> = {};
   for (const [name, f] of Object.entries(err.failures)) failures[name] = clip(f.description);
-  const details = { operation: err.operation, failures };
+  // Servers that could not be reached at all: a Gym that is down or restarting, not one that failed.
+  const unreachable = Object.keys(err.failures).filter((name) => err.failures[name]!.unreachable).sort();
+  const details: GymFailureDetails = { operation: err.operation, failures, ...(unreachable.length ? { unreachable } : {}) };
   const message = clipMessage(err.message);
   const code = refusalCode(err);
   if (code !== undefined) return ApplicationFailure.nonRetryable(message, code, details);

@@ -239,6 +239,11 @@ export interface CheckpointOutcome {
   abortPending?: boolean;
   /** A Gym process restarted since the controller last saw it: recover before checkpointing. */
   gymRestarted?: boolean;
+  /**
+   * A participant could not be reached (connection refused or broken): Gym is down or restarting.
+   * Not a failure of a Gym that is up: the run waits for Gym and recovers.
+   */
+  gymUnreachable?: boolean;
   error?: string;
   seconds: CheckpointStageSeconds;
   at: string;

@@ -93,8 +93,13 @@ export const RunConfigSchema = z.strictObject({
        * before they are retried elsewhere. Each parked `/run` writes to the server every 0.8 × this.
        */
       run_heartbeat_timeout_s: z.number().min(5).max(3_600).default(120),
+      /**
+       * How long a recovery waits for every Gym participant to answer again after a crash (retried
+       * with backoff, the run's status says so); past it the run fails with `gym_unavailable`.
+       */
+      gym_recovery_timeout_s: z.number().min(10).max(86_400).default(600),
     })
-    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120 }),
+    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120, gym_recovery_timeout_s: 600 }),
 });
 
 export type RunConfig = z.infer<typeof RunConfigSchema>;

@@ -21,6 +21,20 @@ export function controlActivities(taskQueue?: string): Activities {
   });
 }
 
+/**
+ * Discovery while the run waits for Gym to come back after a crash: retried with backoff for as
+ * long as the run waits (`controller.gym_recovery_timeout_s`); each try shows in the UI as the
+ * pending activity's attempt and last failure. Refusals (a deployment without a model…) end it.
+ */
+export function gymRecoveryActivities(taskQueue: string | undefined, timeoutS: number): Activities {
+  return proxyActivities<ActivityFunctions>({
+    taskQueue,
+    scheduleToCloseTimeout: `${timeoutS} seconds`,
+    startToCloseTimeout: '1 minute',
+    retry: { initialInterval: '1 second', backoffCoefficient: 1.5, maximumInterval: '10 seconds', nonRetryableErrorTypes },
+  });
+}
+
 const storageRetry = { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes };
 
 /** Snapshot file I/O and ledger bookkeeping: retried until they succeed or fail for good. */

@@ -4,7 +4,6 @@
 // A failure before publish aborts (resume with the same ID) and keeps the previous snapshot
 // authoritative; a publish whose resume fails is `published_release_pending`.
 import {
-  ActivityFailure,
   ApplicationFailure,
   condition,
   getExternalWorkflowHandle,
@@ -25,6 +24,7 @@ import type {
 } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, controlLocalActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import { describeFailure, failureType, unreachableServers } from './failures.js';
 import { checkpointCommitted, checkpointPrepared, earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
 
 /** Patch: the run is asked for its ledger cut after prepare, beside the commit. */
@@ -82,10 +82,13 @@ class AttemptFailed extends Error {
   constructor(
     readonly reason: CheckpointReason,
     message: string,
+    /** A participant could not be reached: Gym is down, not failing; the run waits for it. */
+    readonly gymUnreachable = false,
   ) {
     super(message);
   }
 }
+
 
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
   const control = controlActivities(input.controlTaskQueue);
@@ -137,7 +140,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     await stage('allocate');
     const [allocated, now] = await Promise.all([
       files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
-      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }),
+      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }).catch((err: unknown) => {
+        const down = unreachableServers(err);
+        if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
+        throw err;
+      }),
     ]);
     location = allocated;
     const restarted = Object.entries(input.topology.instances ?? {}).filter(([name, id]) => now.instances[name] !== id).map(([name]) => name);
@@ -226,15 +233,25 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   } catch (err) {
     // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
     const reason = err instanceof AttemptFailed ? err.reason : classify(err);
-    const message = describeError(err);
+    const message = describeFailure(err);
     const gymRestarted = err instanceof GymRestarted;
+    const gymUnreachable = err instanceof AttemptFailed && err.gymUnreachable;
     if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
     let abortPending = false;
     if (prepared) {
       await stage('abort');
       abortPending = !(await resumeGym(control, input, seconds));
     }
-    return finish({ outcome: 'failed', reason, error: message, abortPending, gymRestarted, scope: scope.map(captureKey), restarts });
+    return finish({
+      outcome: 'failed',
+      reason,
+      error: message,
+      abortPending,
+      gymRestarted,
+      ...(gymUnreachable ? { gymUnreachable } : {}),
+      scope: scope.map(captureKey),
+      restarts,
+    });
   }
 
   // Published: the snapshot is durable and authoritative from here on. Retention only deletes
@@ -243,7 +260,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   await stage('resume');
   const [released] = await Promise.all([
     resumeGym(control, input, seconds),
-    input.retentionByRun ? undefined : storage.applyRetention({ root: location.root, keepLatestK: input.keepLatestK }).catch(() => undefined),
+    input.retentionByRun ? undefined : storage.applyRetention({ checkpointDir: input.checkpointDir, keepLatestK: input.keepLatestK }).catch(() => undefined),
   ]);
   return finish({
     ...(input.retentionByRun ? { retentionRoot: location.root } : {}),
@@ -281,9 +298,10 @@ async function gymCall<T>(fn: () => Promise<T>): Promise<T> {
     return await fn();
   } catch (err) {
     const type = failureType(err);
-    const message = describeError(err);
+    const message = describeFailure(err);
     if (type === 'invariant_error') throw err;
-    throw new AttemptFailed(type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error', message);
+    const reason = type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error';
+    throw new AttemptFailed(reason, message, unreachableServers(err).length > 0);
   }
 }
 
@@ -305,15 +323,7 @@ function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitO
   }
 }
 
-function failureType(err: unknown): string | undefined {
-  const cause = err instanceof ActivityFailure ? err.cause : err;
-  return cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
-}
 
-function describeError(err: unknown): string {
-  const cause = err instanceof ActivityFailure && err.cause ? err.cause : err;
-  return cause instanceof Error ? cause.message : String(cause);
-}
 
 function classify(err: unknown): CheckpointReason {
   const type = failureType(err);

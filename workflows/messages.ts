@@ -78,6 +78,8 @@ export interface RunStatus {
   pendingAbort: string | null;
   lastSnapshot: string | null;
   consecutiveFailures: number;
+  /** Since when a recovery waits for Gym to answer again (ISO time), or null. */
+  waitingForGymSince: string | null;
   checkpoints: CheckpointOutcome[];
   rewardPerStep: number[];
   continuedAsNew: number;

@@ -3,8 +3,6 @@
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
 // runs on. The report goes to the run by workflow ID, which survives the run's continue-as-new.
 import {
-  ActivityFailure,
-  ApplicationFailure,
   CancellationScope,
   condition,
   getExternalWorkflowHandle,
@@ -17,6 +15,7 @@ import {
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
+import { describeFailure, failureType } from './failures.js';
 import { deadlineExpired, rolloutFinished } from './messages.js';
 
 /** The reason a rollout reports when its environment process restarted under it. */
@@ -98,7 +97,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
       report = failedReport(input.episode, 'failed', GYM_RESTARTED, false, seconds());
     } else {
       await retireEverywhere(control, input);
-      report = failedReport(input.episode, 'failed', describe(outcome.error), code !== undefined && code !== 'gym_transient', seconds());
+      report = failedReport(input.episode, 'failed', describeFailure(outcome.error), code !== undefined && code !== 'gym_transient', seconds());
     }
   }
   await upsertMemo({ status: report.status, reward: report.reward });
@@ -131,15 +130,7 @@ function failedReport(episode: EpisodeId, status: RolloutReport['status'], reaso
   return { captureKey: captureKey(episode), episode, status, reward: null, terminal, reason, result: null, seconds };
 }
 
-function failureType(err: unknown): string | undefined {
-  const cause = err instanceof ActivityFailure ? err.cause : err;
-  return cause instanceof ApplicationFailure ? (cause.type ?? undefined) : undefined;
-}
 
-function describe(err: unknown): string {
-  const cause = err instanceof ActivityFailure && err.cause ? err.cause : err;
-  return cause instanceof Error ? cause.message : String(cause);
-}
 
 export function rolloutWorkflowId(run: string, episode: EpisodeId): string {
   return `${run}/rollout/${captureKey(episode)}`;

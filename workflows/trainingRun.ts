@@ -12,6 +12,7 @@ import {
   isCancellation,
   log,
   patched,
+  sleep,
   setCurrentDetails,
   setHandler,
   startChild,
@@ -24,9 +25,10 @@ import type { TrainBatch } from '../activities/trainer.js';
 import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 import type { RunConfig } from '../protocol/run-config.js';
-import { controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import { controlActivities, gymRecoveryActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
 import { checkpointAttempt, checkpointWorkflowId, TAKE_EARLY_CUT } from './checkpointAttempt.js';
 import * as D from './deadlines.js';
+import { describeFailure, unreachableServers } from './failures.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
 import { isPackedJson, packJson, unpackJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
@@ -93,6 +95,8 @@ export interface RunState {
   lastSnapshotScope: CaptureKey[];
   /** A Gym process restarted under in-flight attempts: restore and redispatch before new work. */
   recoveryNeeded: boolean;
+  /** Since when a recovery waits for Gym to answer again (ISO time); absent or null when it does not. */
+  waitingForGymSince?: string | null;
   recoveries: RecoveryRecord[];
   /** What a cold `restore_mode: latest` start took over (null: started fresh, or a warm run). */
   restoredFrom?: RestoredFrom | null;
@@ -238,6 +242,7 @@ function legacyUnsettled(req: LegacyCheckpointCommitted, atStart: ReadonlySet<Ca
   return [...atStart].filter((k) => !settled.has(k));
 }
 
+
 /** Patch: the run applies retention after the attempt's outcome, with admission open again. */
 const RETENTION_BY_RUN = 'retention-by-run';
 
@@ -252,6 +257,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const storage = storageActivities(cfg.run.task_queue);
   const trainer = storageActivities(cfg.run.task_queue);
   const storageLocal = storageLocalActivities();
+  // Absent in configs parsed before the setting existed.
+  const gymRecoveryTimeoutS = cfg.controller.gym_recovery_timeout_s ?? 600;
+  const gymRecovery = gymRecoveryActivities(cfg.run.task_queue, gymRecoveryTimeoutS);
+  let recovering = false;
   /** Retention applied after the latest published snapshots (awaited before continue-as-new and the end). */
   let retention: Promise<unknown> = Promise.resolve();
   const totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
@@ -320,6 +329,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       pendingAbort: st.pendingAbort?.checkpointId ?? null,
       lastSnapshot: st.lastSnapshot,
       consecutiveFailures: st.consecutiveFailures,
+      waitingForGymSince: st.waitingForGymSince ?? null,
       checkpoints: st.checkpoints,
       rewardPerStep: st.rewardPerStep,
       continuedAsNew: st.continuedAsNew,
@@ -328,6 +338,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   function phase(): string {
     if (st.stopRequested) return 'stopping';
+    if (st.waitingForGymSince) return 'waiting_for_gym';
+    if (recovering) return 'recovering';
     if (checkpointRunning) return 'checkpointing';
     if (st.pendingRelease) return 'release_pending';
     if (st.pendingAbort) return 'abort_pending';
@@ -634,8 +646,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (scope) o.scopeCount = scope.length;
     if (restarts) o.restartCount = restarts.length;
     st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
-    if (o.outcome === 'failed') st.consecutiveFailures += 1;
-    else st.consecutiveFailures = 0;
+    // Failures of a Gym that is up count towards "Gym does not recover"; an attempt that only found
+    // Gym down or restarted does not: the recovery it leads to waits for Gym (bounded) and decides.
+    if (o.outcome !== 'failed') st.consecutiveFailures = 0;
+    else if (!o.gymRestarted && !o.gymUnreachable) st.consecutiveFailures += 1;
     if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshot = o.snapshotDir;
     st.lastCheckpointAtMs = Date.now();
     await storage.appendCheckpointMetrics({ checkpointDir: cfg.run.checkpoint_dir, outcome: o }).catch(() => undefined);
@@ -661,6 +675,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         { topology: st.topology, checkpointId: pending.checkpointId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s },
       ]);
     } catch (err) {
+      const unreachable = unreachableServers(err).length > 0;
+      if (unreachable) st.recoveryNeeded = true;
       return {
         checkpointId: pending.checkpointId,
         trigger,
@@ -668,6 +684,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         reason: released ? 'release_pending' : 'io_error',
         releasePending: released,
         abortPending: !released,
+        ...(unreachable ? { gymUnreachable: true } : {}),
         error: String(err),
         seconds: { resume: (Date.now() - t) / 1000 },
         at: new Date().toISOString(),
@@ -811,11 +828,11 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     // Published: older snapshots go now, with admission open (best effort: the next one retries;
     // the run awaits it before it continues as new or ends).
     if (o.retentionRoot) {
-      const applied = storage.applyRetention({ root: o.retentionRoot, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
+      const applied = storage.applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
       retention = Promise.all([retention, applied]);
     }
     if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
-    if (o.gymRestarted) st.recoveryNeeded = true;
+    if (o.gymRestarted || o.gymUnreachable) st.recoveryNeeded = true;
     return o;
   }
 
@@ -828,14 +845,23 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
    */
   async function recoverGym(cold = false): Promise<void> {
     D.hold(st.deadlines, RECOVERY_HOLDER, Date.now());
+    recovering = true;
     const record: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
     try {
+      // Gym first: attempts in flight report only once their processes answer again.
+      st.topology = await waitForGym();
+      // Gym is up: the failures before this were its crash, not a Gym that does not recover.
+      st.consecutiveFailures = 0;
+      // A checkpoint left prepared (its abort or release pending) holds the surviving processes'
+      // episodes at their boundaries: release it first, or they never report.
+      await settlePending();
       for (;;) {
         applyReports();
         if (Object.keys(st.inFlight).length === 0) break;
         await condition(() => st.reports.length > 0);
       }
-      const topology = await control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
+      // Again: a second crash may have come while the attempts reported.
+      const topology = await waitForGym();
       st.topology = topology;
       const saved = new Set(st.lastSnapshotScope);
       const unsealed = L.unsealedSiblings(st.ledger);
@@ -877,7 +903,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         } catch (err) {
           // All or nothing: the coordination client retired the replacements N+1 everywhere.
           restoreFailed = true;
-          record.error = String(err);
+          record.error = describeFailure(err);
           log.warn('restore after the Gym crash failed; unfinished work starts over', { error: String(err) });
         }
       }
@@ -929,8 +955,45 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     } finally {
       st.recoveries = [...st.recoveries, record].slice(-MAX_KEPT_OUTCOMES);
       st.recoveryNeeded = false;
+      recovering = false;
       D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
       wake();
+    }
+  }
+
+  /**
+   * Discovery until every Gym participant answers: after a crash the run's normal state, not a
+   * failure. Retried with backoff up to `controller.gym_recovery_timeout_s`; meanwhile the status
+   * phase is `waiting_for_gym` and the UI shows the pending discovery with its attempts.
+   */
+  async function waitForGym(): Promise<GymTopology> {
+    st.waitingForGymSince = new Date().toISOString();
+    setCurrentDetails(`**run** \`${cfg.run.name}\`: waiting for Gym to answer again (since ${st.waitingForGymSince}, up to ${gymRecoveryTimeoutS} s)`);
+    try {
+      return await gymRecovery.discoverGym.executeWithOptions({ summary: `wait for Gym (up to ${gymRecoveryTimeoutS} s)` }, [
+        { runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant },
+      ]);
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      throw ApplicationFailure.nonRetryable(
+        `Gym did not answer within controller.gym_recovery_timeout_s (${gymRecoveryTimeoutS} s) after a crash: ${describeFailure(err)}`,
+        'gym_unavailable',
+      );
+    } finally {
+      st.waitingForGymSince = null;
+    }
+  }
+
+  /** Retries a pending release or abort until it goes through (a failure of a Gym that is up counts as usual). */
+  async function settlePending(): Promise<void> {
+    for (let i = 0; st.pendingRelease || st.pendingAbort; i++) {
+      const o = await retryPending((st.pendingRelease ?? st.pendingAbort)!.trigger);
+      if (o) await record(o);
+      if (fatal) throw fatal;
+      if (st.pendingRelease || st.pendingAbort) {
+        if (o?.gymUnreachable) st.topology = await waitForGym();
+        else await sleep(Math.min(10_000, 1_000 * 2 ** i));
+      }
     }
   }
 

@@ -63,8 +63,24 @@ const TOPOLOGY: GymTopology = {
   },
 };
 
+/** What a Gym call fails with while Gym is down: connection refused everywhere (as activities/gym.ts renders it). */
+function unreachable(operation: string): ApplicationFailure {
+  const failures = Object.fromEntries(TOPOLOGY.members.map((m) => [m.name, `transport error: connect ECONNREFUSED ${m.url}`]));
+  return ApplicationFailure.retryable(`${operation} failed on ${TOPOLOGY.members.length} server(s): ECONNREFUSED`, 'gym_transient', {
+    operation,
+    failures,
+    unreachable: TOPOLOGY.members.map((m) => m.name).sort(),
+  });
+}
+
 export class FakeGym {
   script: FakeGymScript = {};
+  /** Gym's processes are down (crash() … comeBack()): every Gym call fails as unreachable. */
+  down = false;
+  /** Bumped by each crash: the instance identity the topology reports. */
+  generation = 1;
+  /** `/run`s in flight when Gym crashed: refused as `instance_mismatch` once it comes back. */
+  private orphaned = new Map<string, () => void>();
   /** Every activity call, in order (`prepare:<id>`, `commit:<id>`, `resume:<id>`, `run:<key>`, …). */
   calls: string[] = [];
   running = new Set<string>();
@@ -78,6 +94,21 @@ export class FakeGym {
   /** The manifests `finalizeSnapshot` published. */
   published: Array<{ ledger_sha256: string; checkpoint_id: string }> = [];
   private discarded = new Set<string>();
+
+  /** Every Gym process dies: calls fail as unreachable; the `/run`s in flight hang until Gym comes back. */
+  crash(): void {
+    this.down = true;
+    this.generation += 1;
+    this.calls.push('crash');
+  }
+
+  /** Fresh processes answer (new instances): the `/run`s of attempts from before the crash are refused. */
+  comeBack(): void {
+    this.down = false;
+    this.calls.push('come-back');
+    for (const refuse of this.orphaned.values()) refuse();
+    this.orphaned.clear();
+  }
 
   releasePrepare(): void {
     this.prepareGate?.();
@@ -129,7 +160,9 @@ export class FakeGym {
     const acts: Partial<Activities> = {
       discoverGym: async () => {
         this.calls.push('discover');
-        return TOPOLOGY;
+        if (this.down) throw unreachable('discover');
+        const g = this.generation;
+        return g === 1 ? TOPOLOGY : { ...TOPOLOGY, instances: { env: `env-${g}`, agent: `agent-${g}` } };
       },
       loadPromptGroups: async (input) => {
         const groups = Array.from({ length: input.groups }, (_, i) => {
@@ -148,6 +181,7 @@ export class FakeGym {
       },
       gymPrepare: async (input): Promise<GymPrepareOutcome> => {
         this.calls.push(`prepare:${input.checkpointId}`);
+        if (this.down) throw unreachable('prepare');
         if (s.holdPrepare) {
           // The real Gym activities heartbeat while they wait (cancellation and the 2-minute
           // heartbeat timeout both go through heartbeats; time skipping needs them to land).
@@ -161,6 +195,8 @@ export class FakeGym {
           } finally {
             clearInterval(beat);
           }
+          // Gym crashed while the prepare was held: the connections broke.
+          if (this.down) throw unreachable('prepare');
         }
         if ((s.prepareDeadlineExceeded ?? 0) > 0) {
           s.prepareDeadlineExceeded! -= 1;
@@ -175,6 +211,7 @@ export class FakeGym {
       },
       gymCommit: async (input): Promise<GymCommitOutcome> => {
         this.calls.push(`commit:${input.checkpointId}`);
+        if (this.down) throw unreachable('commit');
         if ((s.commitFailures ?? 0) > 0) {
           s.commitFailures! -= 1;
           fail(s.commitFailure ?? 'transient', 'commit');
@@ -195,6 +232,7 @@ export class FakeGym {
       },
       gymResume: async (input) => {
         this.calls.push(`resume:${input.checkpointId}`);
+        if (this.down) throw unreachable('resume');
         if ((s.resumeFailures ?? 0) > 0) {
           s.resumeFailures! -= 1;
           fail('transient', 'resume');
@@ -203,28 +241,54 @@ export class FakeGym {
       },
       gymRetire: async (input) => {
         this.calls.push(`retire:${input.episodes.map(captureKey).join(',')}`);
+        if (this.down) throw unreachable('retire');
         // Like the environment: a retire cancels the episode's task, its `/run` ends `stale_attempt`.
         for (const key of input.episodes.map(captureKey)) this.runRetirers.get(key)?.();
         return { retired: {}, seconds: 0 };
       },
+      gymRestore: async (input) => {
+        this.calls.push(`restore:${input.restoreId}`);
+        if (this.down) throw unreachable('restore');
+        const replacements = input.scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt + 1 }));
+        return { restoreId: input.restoreId, restored: Object.fromEntries(Object.keys(TOPOLOGY.servers).map((n) => [n, replacements])), seconds: 0.01 };
+      },
       gymForget: async (input) => {
         this.calls.push(`forget:${input.rolloutIds.length}`);
+        if (this.down) throw unreachable('forget');
         return { forgotten: {}, seconds: 0 };
       },
       runEpisode: async (input: RunEpisodeInput): Promise<RolloutReport> => {
         const key = captureKey(input.episode);
         this.calls.push(`run:${key}`);
+        // Down: the connection is refused, and the activity retries (a transient failure).
+        if (this.down) throw ApplicationFailure.retryable(`/run of ${key}: transport error: ECONNREFUSED`, 'gym_transient');
         this.running.add(key);
         const started = Date.now();
         const ctx = Context.current();
         try {
           const reward = await new Promise<number>((resolve, reject) => {
             const beat = s.silentRuns ? undefined : setInterval(() => ctx.heartbeat(), 200);
-            const stop = (): void => clearInterval(beat);
+            let stop = (): void => clearInterval(beat);
             this.runWaiters.set(key, (reward) => {
               stop();
               resolve(reward);
             });
+            this.orphaned.delete(key);
+            const generation = this.generation;
+            const watch = setInterval(() => {
+              // Gym crashed under this /run: it hangs until fresh processes refuse it.
+              if (this.generation !== generation && !this.orphaned.has(key)) {
+                this.orphaned.set(key, () => {
+                  stop();
+                  reject(ApplicationFailure.nonRetryable(`/run of ${key}: a fresh environment process does not know this attempt`, 'instance_mismatch'));
+                });
+              }
+            }, 20);
+            const stopBeat = stop;
+            stop = (): void => {
+              stopBeat();
+              clearInterval(watch);
+            };
             this.runRetirers.set(key, () => {
               stop();
               this.calls.push(`retired-run:${key}`);

@@ -521,6 +521,96 @@ describe('checkpoint attempts in a training run', () => {
   });
 });
 
+describe('Gym crashes (no crash ends a run)', () => {
+  /** A checkpoint whose prepare is held when Gym dies: the prepare breaks (unreachable). */
+  async function checkpointCaughtByCrash(gym: FakeGym, handle: RunHandle): Promise<CheckpointOutcome> {
+    gym.script.holdPrepare = true;
+    const before = gym.count('prepare:');
+    const update = handle.executeUpdate(checkpointNow);
+    await until(() => gym.count('prepare:') === before + 1, 'the prepare held');
+    gym.crash();
+    gym.releasePrepare();
+    return update;
+  }
+
+  it('14. two Gym crashes, each breaking the checkpoint in flight after a real failure, with max_consecutive_failures 2: each recovery resets the count, the run finishes', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('two-gym-crashes', { rollout_checkpointing: { max_consecutive_failures: 2 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      for (const crash of [1, 2]) {
+        await until(() => gym.running.size === 2, `a group in flight before crash ${crash}`);
+        // A failure of a Gym that is up counts…
+        gym.script.notReady = 1;
+        expect(await handle.executeUpdate(checkpointNow)).toMatchObject({ outcome: 'failed', reason: 'timeout' });
+        expect((await status(handle)).consecutiveFailures).toBe(1);
+        // …one that only found Gym down does not.
+        const broken = await checkpointCaughtByCrash(gym, handle);
+        expect(broken).toMatchObject({ outcome: 'failed', reason: 'io_error', gymUnreachable: true });
+        expect(await isClosed(handle)).toBe(false);
+        await until(async () => (await status(handle)).phase === 'waiting_for_gym', 'the run waiting for Gym');
+        gym.comeBack();
+        await until(async () => (await status(handle)).consecutiveFailures === 0, `the recovery after crash ${crash}`);
+      }
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
+      expect(summary.recoveries).toHaveLength(2);
+      // Each crash restarted the group in flight as the next attempt (nothing was published to continue).
+      expect(summary.recoveries.map((r) => r.restarted.length)).toEqual([2, 2]);
+      expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}${m.gymUnreachable ? '/unreachable' : ''}`)).toEqual([
+        'failed/timeout',
+        'failed/io_error/unreachable',
+        'failed/timeout',
+        'failed/io_error/unreachable',
+      ]);
+      expectRunsOnce(gym);
+    });
+  });
+
+  it('15. Gym down longer than the control retries: the recovery waits for it (status waiting_for_gym), then restores and goes on', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('gym-slow-to-return');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const saved = await handle.executeUpdate(checkpointNow);
+      expect(saved).toMatchObject({ outcome: 'completed' });
+      await checkpointCaughtByCrash(gym, handle);
+      await until(async () => (await status(handle)).phase === 'waiting_for_gym', 'the run waiting for Gym');
+      const waiting = await status(handle);
+      expect(waiting.waitingForGymSince).not.toBeNull();
+      // Well past the control calls' retries (4 attempts, ~7 s): still waiting, not failed.
+      await delay(9_000);
+      expect(await isClosed(handle)).toBe(false);
+      expect((await status(handle)).phase).toBe('waiting_for_gym');
+      gym.comeBack();
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
+      // The saved episodes continue as attempt 1 from the snapshot taken before the crash.
+      expect(summary.recoveries).toHaveLength(1);
+      expect(summary.recoveries[0]!.continued).toHaveLength(2);
+      expect(gym.calls.some((c) => c.startsWith('restore:'))).toBe(true);
+      expect((await status(handle).catch(() => undefined))?.waitingForGymSince ?? null).toBeNull();
+    });
+  }, 60_000);
+
+  it('16. a Gym that does not come back within controller.gym_recovery_timeout_s ends the run with gym_unavailable', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('gym-never-returns', { controller: { gym_recovery_timeout_s: 10 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      await checkpointCaughtByCrash(gym, handle);
+      const failure = await runFailure(handle);
+      expect(failure.type).toBe('gym_unavailable');
+      expect(failure.message).toContain('controller.gym_recovery_timeout_s (10 s)');
+    });
+  }, 60_000);
+});
+
 // The test server's clock does not skip while any activity is open (it locks time from the
 // schedule of an activity to its completion), and a held `/run` or prepare is an open activity: so
 // these scenarios run in real time with a 2-second `rollout_timeout_s` instead of `env.sleep`.
