@@ -1,0 +1,132 @@
+// The real parts a fault schedule runs against and breaks: a Temporal dev server on its own SQLite
+// file, the controller's worker process, and a client. Gym deployments are per schedule
+// (scripts/chaos/run-schedule.ts). Every crash here is a SIGKILL of a real process group.
+import { appendFileSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { Client, Connection } from '@temporalio/client';
+import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
+import { freePort, startDevServer, type DevServer } from '../temporal-dev.mjs';
+import { projectRoot } from '../temporal-paths.mjs';
+
+export const CHAOS_TASK_QUEUE = 'chaos';
+
+/** Runs `fn` after everything queued before it: crash and restart steps on one thing never interleave. */
+export class Serial {
+  private tail: Promise<unknown> = Promise.resolve();
+
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.tail.then(fn, fn);
+    this.tail = next.catch(() => undefined);
+    return next;
+  }
+}
+
+export interface WorldOptions {
+  dir: string;
+  controlToken: string;
+  log: (line: string) => void;
+}
+
+export class ChaosWorld {
+  readonly client: Client;
+  private readonly temporalSteps = new Serial();
+  private readonly workerSteps = new Serial();
+  /** Why the worker could not be started, if it could not: a violation of the schedule it happened in. */
+  workerFailure: string | undefined;
+
+  private constructor(
+    private readonly opts: WorldOptions,
+    private server: DevServer,
+    private readonly port: number,
+    private readonly connection: Connection,
+    private worker: GroupProcess | undefined,
+  ) {
+    this.client = new Client({ connection });
+  }
+
+  static async start(opts: WorldOptions): Promise<ChaosWorld> {
+    mkdirSync(opts.dir, { recursive: true });
+    const port = await freePort();
+    const server = await startDevServer({ port, headless: true, dbFile: join(opts.dir, 'temporal.sqlite') });
+    const connection = await Connection.connect({ address: server.address });
+    const world = new ChaosWorld(opts, server, port, connection, undefined);
+    await world.startWorker();
+    return world;
+  }
+
+  get address(): string {
+    return this.server.address;
+  }
+
+  /** SIGKILL the dev server, wait `downMs`, start it again on the same port and database. */
+  restartTemporal(downMs: number): Promise<void> {
+    return this.temporalSteps.run(async () => {
+      const old = this.server;
+      if (old.pid !== undefined) {
+        try {
+          process.kill(-old.pid, 'SIGKILL');
+        } catch {
+          /* already gone */
+        }
+      }
+      await old.exited;
+      await old.stop(0);
+      await delay(downMs);
+      this.server = await startDevServer({ port: this.port, headless: true, dbFile: join(this.opts.dir, 'temporal.sqlite') });
+    });
+  }
+
+  /** SIGKILL the worker, wait `downMs`, start a new one (it must come up even if the server is down meanwhile). */
+  restartWorker(downMs: number): Promise<void> {
+    return this.workerSteps.run(async () => {
+      await this.worker?.kill();
+      this.worker = undefined;
+      await delay(downMs);
+      await this.startWorkerNow();
+    });
+  }
+
+  startWorker(): Promise<void> {
+    return this.workerSteps.run(() => this.startWorkerNow());
+  }
+
+  private spawnWorker(): GroupProcess {
+    const logFile = join(this.opts.dir, 'worker.log');
+    return spawnGroup({
+      command: process.execPath,
+      args: ['--import', 'tsx', join(projectRoot, 'worker.ts'), '--address', this.server.address, '--task-queue', CHAOS_TASK_QUEUE, '--rollout-task-queue', `${CHAOS_TASK_QUEUE}-run`],
+      env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken },
+      cwd: projectRoot,
+      onLine: (line) => appendFileSync(logFile, `${line}\n`),
+    });
+  }
+
+  private async startWorkerNow(): Promise<void> {
+    for (let tries = 0; tries < 2; tries++) {
+      this.worker = this.spawnWorker();
+      try {
+        await waitForLine(this.worker, /worker: polling/, 180_000);
+        return;
+      } catch (err) {
+        // A violation of the schedule it happened in; the next try keeps the world usable.
+        this.workerFailure ??= `the worker did not start: ${(err as Error).message.split('\n').slice(0, 4).join(' | ')}`;
+        this.opts.log(this.workerFailure);
+        await this.worker.kill();
+      }
+    }
+  }
+
+  /** Waits for crash and restart steps still under way. */
+  async settle(): Promise<void> {
+    await Promise.all([this.temporalSteps.run(async () => undefined), this.workerSteps.run(async () => undefined)]);
+  }
+
+  async close(): Promise<void> {
+    await this.settle();
+    await this.worker?.stop(3_000);
+    await this.connection.close().catch(() => undefined);
+    await this.server.stop();
+  }
+}
+
+export const delay = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
