@@ -9,7 +9,8 @@
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { runSchedule, gymServers, type ScheduleResult } from './chaos/run-schedule.js';
+import { downDeployment } from '../servers/launcher/launcher.js';
+import { gymServers, liveDeployments, runSchedule, type ScheduleResult } from './chaos/run-schedule.js';
 import { describeFault, drawSchedule, FAULT_KINDS, type FaultKind } from './chaos/schedule.js';
 import { ChaosWorld } from './chaos/world.js';
 import { projectRoot } from './temporal-paths.mjs';
@@ -67,6 +68,15 @@ async function main(): Promise<number> {
   const log = (l: string): void => console.log(l);
   const dir = values.dir!;
   const world = await ChaosWorld.start({ dir, controlToken, log });
+  // Interrupted: nothing of ours may run on (the Gym servers are detached process groups).
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(sig, () => {
+      console.error(`chaos: ${sig}, stopping what is running`);
+      void Promise.all([...liveDeployments].map((d) => downDeployment(d, { graceMs: 1_000 }).catch(() => undefined)))
+        .then(() => world.close())
+        .finally(() => process.exit(130));
+    });
+  }
   const servers = gymServers();
   const results: ScheduleResult[] = [];
   try {

@@ -7,6 +7,11 @@ import type { CheckpointOutcome, RolloutReport } from '../protocol/controller.js
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
 /** The run → one rollout attempt: its deadline ran out (clocks are kept by the run). */
 export const deadlineExpired = defineSignal('deadlineExpired');
+/**
+ * The run → one rollout attempt: stop now and report, for `reason` (its cohort starts over
+ * without it). Like a deadline: the `/run` is cancelled and the attempt retired everywhere first.
+ */
+export const stopAttempt = defineSignal<[reason: string]>('stopAttempt');
 
 export interface CheckpointCommitted {
   checkpointId: string;

@@ -16,7 +16,7 @@ import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
 import { describeFailure, failureType } from './failures.js';
-import { deadlineExpired, rolloutFinished } from './messages.js';
+import { deadlineExpired, rolloutFinished, stopAttempt } from './messages.js';
 
 /** The reason a rollout reports when its environment process restarted under it. */
 export const GYM_RESTARTED = 'gym_restarted';
@@ -42,9 +42,13 @@ export interface RolloutAttemptInput {
 export async function rolloutAttempt(input: RolloutAttemptInput): Promise<RolloutReport> {
   const key = captureKey(input.episode);
   const started = Date.now();
-  let expired = false;
+  /** Why the run stopped this attempt (its deadline, or its cohort started over), if it did. */
+  let stopped: { status: RolloutReport['status']; reason: string } | undefined;
   setHandler(deadlineExpired, () => {
-    expired = true;
+    stopped ??= { status: 'timed_out', reason: 'rollout deadline expired' };
+  });
+  setHandler(stopAttempt, (reason) => {
+    stopped ??= { status: 'retired', reason };
   });
   const runActs = runActivities(input.runTaskQueue, input.runHeartbeatTimeoutS);
   const control = controlActivities(input.controlTaskQueue);
@@ -67,14 +71,14 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
     (report) => (outcome = { report }),
     (error: unknown) => (outcome = { error }),
   );
-  await condition(() => outcome !== undefined || expired);
+  await condition(() => outcome !== undefined || stopped !== undefined);
 
   let report: RolloutReport;
   const seconds = (): number => (Date.now() - started) / 1000;
   if (outcome?.report) {
     report = outcome.report;
   } else if (outcome === undefined) {
-    // Deadline: cancel the HTTP call (the activity aborts its request) and retire the attempt.
+    // Deadline (or stopped by the run): cancel the HTTP call (the activity aborts its request) and retire the attempt.
     // The cancellation reaches the activity only with its next heartbeat reply, up to 0.8 × the
     // heartbeat timeout away; the retire makes the environment cancel the episode's task at once,
     // so `/run` ends now either way. The report still waits until the activity has ended.
@@ -86,7 +90,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
       await run.catch(() => undefined);
       await retireEverywhere(control, input);
     }
-    report = failedReport(input.episode, 'timed_out', 'rollout deadline expired', false, seconds());
+    report = failedReport(input.episode, stopped!.status, stopped!.reason, false, seconds());
   } else {
     const code = failureType(outcome.error);
     if (code === 'stale_attempt') {

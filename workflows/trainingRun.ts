@@ -38,6 +38,7 @@ import {
   checkpointPrepared,
   checkpointNow,
   deadlineExpired,
+  stopAttempt,
   earlyLedgerCutWritten,
   ledgerCutWritten,
   pauseRun,
@@ -58,7 +59,8 @@ export interface InFlight {
   groupId: string;
   environment: string;
   workflowId: string;
-  deadlineSignalled: boolean;
+  /** Told to stop (its deadline expired, or its cohort started over without it): signalled once. */
+  stopSignalled: boolean;
 }
 
 export interface RunState {
@@ -136,8 +138,8 @@ export interface TrainingRunInput {
 
 /** The compact form of `RunState.inFlight`: one row per attempt, derivable fields left out. */
 type PackedInFlight = Array<
-  | [rolloutId: string, attempt: number, environment: string, deadlineSignalled: boolean]
-  | [rolloutId: string, attempt: number, environment: string, deadlineSignalled: boolean, key: string, groupId: string, workflowId: string]
+  | [rolloutId: string, attempt: number, environment: string, stopSignalled: boolean]
+  | [rolloutId: string, attempt: number, environment: string, stopSignalled: boolean, key: string, groupId: string, workflowId: string]
 >;
 
 /**
@@ -152,8 +154,8 @@ export function packRunState(st: RunState, run: string): PackedJson {
     const e = f.episode;
     const derived = captureKey(e) === key && f.groupId === L.groupIdOfRollout(e.rollout_id) && f.workflowId === rolloutWorkflowId(run, e);
     return derived
-      ? [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled]
-      : [e.rollout_id, e.attempt, f.environment, f.deadlineSignalled, key, f.groupId, f.workflowId];
+      ? [e.rollout_id, e.attempt, f.environment, f.stopSignalled]
+      : [e.rollout_id, e.attempt, f.environment, f.stopSignalled, key, f.groupId, f.workflowId];
   });
   return packJson({ ...st, inFlight });
 }
@@ -162,7 +164,7 @@ export function unpackRunState(p: PackedJson, run: string): RunState {
   const raw = unpackJson<Omit<RunState, 'inFlight'> & { inFlight: PackedInFlight }>(p);
   const inFlight: Record<CaptureKey, InFlight> = {};
   for (const row of raw.inFlight) {
-    const [rollout_id, attempt, environment, deadlineSignalled] = row;
+    const [rollout_id, attempt, environment, stopSignalled] = row;
     const episode: EpisodeId = { rollout_id, attempt };
     const key = row.length === 7 ? row[4] : captureKey(episode);
     inFlight[key] = {
@@ -170,7 +172,7 @@ export function unpackRunState(p: PackedJson, run: string): RunState {
       groupId: row.length === 7 ? row[5] : L.groupIdOfRollout(rollout_id),
       environment,
       workflowId: row.length === 7 ? row[6] : rolloutWorkflowId(run, episode),
-      deadlineSignalled,
+      stopSignalled,
     };
   }
   return { ...raw, inFlight };
@@ -383,7 +385,15 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         L.sealAttempt(st.ledger, r.episode, 0, true);
         log.warn('sibling gave up', { key, reason: r.reason });
       } else {
-        L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);
+        const affected = L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);
+        // A cohort that starts over together: its members still running are stopped (retired,
+        // caller first, by their own workflows), not left waiting in /verify for a cohort that
+        // will never form again (they would hold recovery and the run's end until its timeout).
+        for (const s of affected) {
+          const prev = s === found.sibling ? undefined : s.attempts[s.attempts.length - 2];
+          const flight = prev && st.inFlight[captureKey(L.episodeOfAttempt(s, prev))];
+          if (flight && !flight.stopSignalled) toStop.push(flight);
+        }
       }
     }
   }
@@ -554,7 +564,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         if (!env) throw ApplicationFailure.nonRetryable(`no environment server '${group.environment}' in the Gym deployment`, 'invariant_error');
         L.markDispatched(group, sibling, group.environment);
         const workflowId = rolloutWorkflowId(cfg.run.name, episode);
-        st.inFlight[key] = { episode, groupId: group.group_id, environment: group.environment, workflowId, deadlineSignalled: false };
+        st.inFlight[key] = { episode, groupId: group.group_id, environment: group.environment, workflowId, stopSignalled: false };
         if (cfg.async_rl.rollout_timeout_s !== null) D.addDeadline(st.deadlines, key, cfg.async_rl.rollout_timeout_s * 1000, Date.now());
         try {
           await startChild(rolloutAttempt, {
@@ -591,15 +601,28 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     );
   }
 
-  // --- deadlines -----------------------------------------------------------------------------
+  // --- deadlines and stops --------------------------------------------------------------------
+
+  /** In-flight attempts whose cohort started over without them: told to stop by stopAbandoned(). */
+  let toStop: InFlight[] = [];
+
+  async function stopAbandoned(): Promise<void> {
+    const flights = toStop;
+    toStop = [];
+    for (const f of flights) {
+      if (f.stopSignalled) continue;
+      f.stopSignalled = true;
+      await getExternalWorkflowHandle(f.workflowId).signal(stopAttempt, 'its cohort starts over').catch(() => undefined);
+    }
+  }
 
   async function signalExpired(): Promise<void> {
     const now = Date.now();
     for (const key of D.expired(st.deadlines, now)) {
       const flight = st.inFlight[key];
       D.removeDeadline(st.deadlines, key);
-      if (!flight || flight.deadlineSignalled) continue;
-      flight.deadlineSignalled = true;
+      if (!flight || flight.stopSignalled) continue;
+      flight.stopSignalled = true;
       await getExternalWorkflowHandle(flight.workflowId).signal(deadlineExpired).catch(() => undefined);
     }
   }
@@ -857,6 +880,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       await settlePending();
       for (;;) {
         applyReports();
+        await stopAbandoned();
         if (Object.keys(st.inFlight).length === 0) break;
         await condition(() => st.reports.length > 0);
       }
@@ -1169,6 +1193,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (done() && !st.pendingRelease && !st.pendingAbort && manualRequested === manualServed) break;
     if (checkpointDue()) startCheckpoint();
     await signalExpired();
+    await stopAbandoned();
     if (st.steps < cfg.grpo.max_num_steps) await dispatch();
     await forgetFinished(false);
     setCurrentDetails(

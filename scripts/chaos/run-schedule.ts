@@ -34,6 +34,9 @@ const KEEP_LATEST_K = 2;
 /** A run that has not finished this long after its last fault healed is a violation. */
 const FINISH_TIMEOUT_MS = 300_000;
 
+/** Gym run dirs of deployments that are up (the command stops them when it is interrupted). */
+export const liveDeployments = new Set<string>();
+
 export interface ScheduleResult {
   schedule: Schedule;
   violations: string[];
@@ -104,6 +107,7 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
   const deployment = join(dir, 'gym.yaml');
   mkdirSync(dir, { recursive: true });
   writeDeployment(deployment);
+  liveDeployments.add(gymDir);
   await upDeployment({ config: deployment, runDir: gymDir, env });
   const backend = readEndpoints(gymDir).policy_backend!.url;
   const gymSteps = new Serial();
@@ -182,6 +186,10 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
       const status = await handle.query(runStatus).catch(() => undefined);
       violations.push(`the run did not finish within ${FINISH_TIMEOUT_MS / 1000} s of the last fault (${status ? `${status.phase}, step ${status.steps}, ${status.inFlight} in flight` : 'no status'})`);
       await handle.terminate('chaos: did not finish').catch(() => undefined);
+      // Its attempts outlive it (ABANDON): they must not run on into the next schedule.
+      for await (const wf of world.client.workflow.list({ query: `WorkflowId STARTS_WITH '${cfg.run.name}/' AND ExecutionStatus = 'Running'` })) {
+        await world.client.workflow.getHandle(wf.workflowId).terminate('chaos: the run did not finish').catch(() => undefined);
+      }
     }
     await Promise.all(racing);
     await world.settle();
@@ -192,6 +200,7 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
   } finally {
     await post(`${backend}/_ctl/release`).catch(() => undefined);
     await downDeployment(gymDir, { graceMs: 2_000 }).catch(() => undefined);
+    liveDeployments.delete(gymDir);
   }
   const recs = summary?.recoveries ?? [];
   const cps: CheckpointOutcome[] = summary?.checkpoints ?? [];

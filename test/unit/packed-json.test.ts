@@ -62,7 +62,7 @@ describe('packRunState / unpackRunState', () => {
           groupId: g.group_id,
           environment: 'counter_env',
           workflowId: rolloutWorkflowId(config.run.name, episode),
-          deadlineSignalled: p % 5 === 0,
+          stopSignalled: p % 5 === 0,
         };
       }
     }

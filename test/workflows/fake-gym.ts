@@ -85,7 +85,7 @@ export class FakeGym {
   calls: string[] = [];
   running = new Set<string>();
   private prepareGate: (() => void) | undefined;
-  private runWaiters = new Map<string, (reward: number) => void>();
+  private runWaiters = new Map<string, (reward: number | { failure: string }) => void>();
   private runRetirers = new Map<string, () => void>();
   metrics: CheckpointOutcome[] = [];
   ledgerCuts: unknown[] = [];
@@ -120,6 +120,14 @@ export class FakeGym {
     const w = this.runWaiters.get(key);
     if (!w) return false;
     w(reward);
+    return true;
+  }
+
+  /** The `/run` of `key` replies with a failure (the episode failed; not terminal). */
+  failRun(key: string, failure = 'tool call failed'): boolean {
+    const w = this.runWaiters.get(key);
+    if (!w) return false;
+    w({ failure });
     return true;
   }
 
@@ -266,7 +274,7 @@ export class FakeGym {
         const started = Date.now();
         const ctx = Context.current();
         try {
-          const reward = await new Promise<number>((resolve, reject) => {
+          const reward = await new Promise<number | { failure: string }>((resolve, reject) => {
             const beat = s.silentRuns ? undefined : setInterval(() => ctx.heartbeat(), 200);
             let stop = (): void => clearInterval(beat);
             this.runWaiters.set(key, (reward) => {
@@ -300,7 +308,9 @@ export class FakeGym {
               reject(ctx.cancellationSignal.reason);
             });
           });
-          return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds: (Date.now() - started) / 1000 };
+          const seconds = (Date.now() - started) / 1000;
+          if (typeof reward !== 'number') return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
+          return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds };
         } finally {
           this.runWaiters.delete(key);
           this.runRetirers.delete(key);

@@ -521,6 +521,28 @@ describe('checkpoint attempts in a training run', () => {
   });
 });
 
+describe('live failures', () => {
+  it('17. at prompt_group granularity a failed sibling stops its cohort-mates still running (retired before they report), and the cohort starts over together', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('cohort-starts-over', { grpo: { num_generations_per_prompt: 3, max_num_steps: 1 }, rollout_recovery: { target_level: 'prompt_group' } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 3, 'the cohort in flight');
+      const [failed, ...mates] = [...gym.running].sort();
+      gym.failRun(failed!);
+      // The mates are retired (their /run ends) without anyone finishing them; then all three rerun.
+      await until(() => mates.every((k) => gym.endedRuns().has(k)), 'the cohort-mates stopped');
+      for (const k of mates) expect(gym.calls.some((c) => c.startsWith('retire:') && c.includes(k)), k).toBe(true);
+      await until(() => gym.running.size === 3, 'the cohort rerunning as the next attempt');
+      expect([...gym.running].sort()).toEqual([failed!, ...mates].map((k) => `${k}-a1`));
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 3, failedRollouts: 1 });
+      expectRunsOnce(gym);
+    });
+  });
+});
+
 describe('Gym crashes (no crash ends a run)', () => {
   /** A checkpoint whose prepare is held when Gym dies: the prepare breaks (unreachable). */
   async function checkpointCaughtByCrash(gym: FakeGym, handle: RunHandle): Promise<CheckpointOutcome> {
