@@ -153,6 +153,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     }
 
     await stage('prepare');
+    // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
+    // stage by stage, so a prepare that fails on one server has prepared the ones before it. Every
+    // exit aborts or releases it (a resume where prepare never arrived only fences the ID).
+    prepared = true;
     const prep = await timed('prepare', () =>
       gymCall(() =>
         control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [
@@ -160,8 +164,6 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
         ]),
       ),
     );
-    // From here Gym holds admission closed under this ID: every exit aborts or releases it.
-    prepared = true;
     if (!prep.prepared) {
       throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     }

@@ -271,7 +271,7 @@ describe('checkpoint attempts in a training run', () => {
     });
   });
 
-  it('2b. prepare past its deadline (Gym deadline_exceeded) → failed/timeout (wrapped, keeps timeout); never prepared: nothing to abort, gate reopened', async () => {
+  it('2b. prepare past its deadline (Gym deadline_exceeded) → failed/timeout (wrapped, keeps timeout); aborted with the same ID (stages before the failing one may hold admission), gate reopened', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true, prepareDeadlineExceeded: 1 };
     const cfg = runConfig('prepare-deadline');
@@ -282,7 +282,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: false });
       expect(outcome.error).toContain('past the deadline');
       const id = outcome.checkpointId;
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard']);
+      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
       expect((await status(handle)).gates.gymCheckpoint).toBe(false);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
