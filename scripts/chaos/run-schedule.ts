@@ -33,6 +33,12 @@ export const TOKEN_DELAY_MS = 80;
 const KEEP_LATEST_K = 2;
 /** A run that has not finished this long after its last fault healed is a violation. */
 const FINISH_TIMEOUT_MS = 300_000;
+/**
+ * A fault's moment (a step, a checkpoint window) that has not come this long after it was armed
+ * fires the fault anyway: a run held up (in a recovery, behind held model calls) must not hold the
+ * schedule up for ever, and the run's own finish is bounded above.
+ */
+const TRIGGER_WAIT_MS = 60_000;
 
 /** Gym run dirs of deployments that are up (the command stops them when it is interrupted). */
 export const liveDeployments = new Set<string>();
@@ -229,18 +235,19 @@ async function triggered(f: Fault, handle: WorkflowHandle<typeof trainingRun>, w
     }
     if (t.on === 'time') return true;
   }
+  const armedAt = Date.now();
+  const late = (): boolean => Date.now() - armedAt > TRIGGER_WAIT_MS;
   if (t.on === 'step') {
-    while (!over()) {
+    while (!over() && !late()) {
       const s = await handle.query(runStatus).catch(() => undefined);
       if (s && s.steps >= t.step) return true;
       await delay(200);
     }
-    return false;
+    return !over();
   }
-  const opened = await nextCheckpointAttempt(handle.workflowId, world, over);
-  if (!opened) return false;
-  await delay(t.delayMs);
-  return true;
+  const opened = await nextCheckpointAttempt(handle.workflowId, world, () => over() || late());
+  if (opened) await delay(t.delayMs);
+  return !over();
 }
 
 /**
