@@ -93,9 +93,7 @@ export interface GymCommitOutcome {
   /** server name → what it committed (its episode IDs are in the commit file). */
   participants: Record<string, GymParticipantCommitSummary | GymParticipantCommit>;
   /** Scope episodes no environment server committed (they finished before the cut): usually none. */
-  uncommitted?: CaptureKey[];
-  /** Recorded by attempts before the commit file: every capture key the environment servers committed. */
-  environmentKeys?: CaptureKey[];
+  uncommitted: CaptureKey[];
   seconds: number;
 }
 
@@ -228,11 +226,6 @@ export interface CheckpointOutcome {
   restarts?: CaptureKey[];
   scopeCount?: number;
   restartCount?: number;
-  /**
-   * The published snapshot's parent directory, when the run applies retention there (after it
-   * reopened admission) rather than the attempt (before its outcome, so while admission is closed).
-   */
-  retentionRoot?: string;
   /** Published but Gym not yet released: dispatch stays closed, the next attempt retries the release. */
   releasePending?: boolean;
   /** Gym prepared but the abort failed: dispatch stays closed, the next attempt retries the abort. */

@@ -72,11 +72,8 @@ export function controlLocalActivities(): LocalActivities {
   });
 }
 
-/** Heartbeat timeout of a `/run` started before `controller.run_heartbeat_timeout_s` existed. */
-const LEGACY_RUN_HEARTBEAT_TIMEOUT_S = 30;
-
 /** One long `/run`: hours at most, a heartbeat to notice a dead worker, unlimited transient retries. */
-export function runActivities(taskQueue?: string, heartbeatTimeoutS: number = LEGACY_RUN_HEARTBEAT_TIMEOUT_S): Activities {
+export function runActivities(taskQueue: string | undefined, heartbeatTimeoutS: number): Activities {
   return proxyActivities<ActivityFunctions>({
     taskQueue,
     // Explicit: with the option unset, SDK 1.24 sends no cancellation type and core applies

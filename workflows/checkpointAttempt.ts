@@ -1,13 +1,12 @@
 // One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
 // of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
-//   prepare → commit → ledger cut (by the run) → manifest → validate → publish → retention → resume
+//   prepare → commit → ledger cut (by the run) → manifest → validate → publish → resume (retention: the run)
 // A failure before publish aborts (resume with the same ID) and keeps the previous snapshot
 // authoritative; a publish whose resume fails is `published_release_pending`.
 import {
   ApplicationFailure,
   condition,
   getExternalWorkflowHandle,
-  patched,
   setCurrentDetails,
   setHandler,
   upsertMemo,
@@ -27,33 +26,6 @@ import { controlActivities, controlLocalActivities, storageActivities, storageLo
 import { describeFailure, failureType, unreachableServers } from './failures.js';
 import { checkpointCommitted, checkpointPrepared, earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
 
-/** Patch: the run is asked for its ledger cut after prepare, beside the commit. */
-export const EARLY_LEDGER_CUT = 'early-ledger-cut';
-/**
- * Patch: the signals to the run are not awaited before the next stage. Awaiting one costs a
- * workflow task of its own while admission is closed, and that task queues behind the run's own
- * (one workflow thread): ~0.15 s before the commit at 8,000 in flight.
- */
-export const SIGNALS_BESIDE_STAGES = 'signals-beside-stages';
-/**
- * Patch: with nothing unsettled after the commit, the attempt publishes with the run's early cut
- * (`earlyLedgerCutWritten`) instead of waiting for the run's answer to `checkpointCommitted`.
- */
-export const TAKE_EARLY_CUT = 'take-early-cut';
-/**
- * Patch: the attempt tells the run it takes the early cut (`takesEarlyCut`), and the run does not
- * confirm it. The confirmation usually reached the attempt as it completed: a new event, so that
- * workflow task failed and another ran (~60 ms at 8,000 in flight). Implies TAKE_EARLY_CUT.
- */
-export const EARLY_CUT_UNCONFIRMED = 'early-cut-unconfirmed';
-/**
- * Patch: allocation, the restart check and publication are local activities. Each is a short file
- * or status read in this worker; as an activity each cost a server round trip and a workflow task
- * while admission is closed (~40 ms at 8,000 in flight), and publication's input (the scope's
- * keys) a history event.
- */
-export const LOCAL_FILE_STAGES = 'local-file-stages';
-
 export interface CheckpointAttemptInput {
   run: string;
   runWorkflowId: string;
@@ -64,14 +36,11 @@ export interface CheckpointAttemptInput {
   inFlight: EpisodeId[];
   checkpointDir: string;
   anchor: string;
-  keepLatestK: number;
   prepareTimeoutS: number;
   controlTaskQueue: string;
   /** Where the Gym's endpoints are (to check that no participant restarted since discovery). */
   gymRunDir: string;
   requireModel: boolean;
-  /** The run applies retention after the outcome (runs started before that: the attempt, beside the release). */
-  retentionByRun?: boolean;
 }
 
 /** The Gym restarted under the controller: the attempt ends, the run recovers. */
@@ -93,9 +62,11 @@ class AttemptFailed extends Error {
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
   const control = controlActivities(input.controlTaskQueue);
   const storage = storageActivities(input.controlTaskQueue);
-  const local = patched(LOCAL_FILE_STAGES);
-  const files = local ? storageLocalActivities() : storage;
-  const discovery = local ? controlLocalActivities() : control;
+  // Allocation, the restart check and publication are short file or status reads: local
+  // activities in this worker, so neither a server round trip and workflow task each nor
+  // publication's input (the scope's keys) lands in the history while admission is closed.
+  const files = storageLocalActivities();
+  const discovery = controlLocalActivities();
   const id = input.checkpointId;
   const seconds: CheckpointStageSeconds = {};
   const t0 = Date.now();
@@ -171,12 +142,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     const restartSet = new Set(prep.restarts);
     scope = input.inFlight.filter((e) => !restartSet.has(captureKey(e)));
     // Gym is frozen: the run writes its ledger cut while Gym commits (usually the final one).
-    if (patched(EARLY_LEDGER_CUT)) {
-      const asked = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointPrepared, { checkpointId: id, tmpDir: location.tmpDir });
-      // Best effort like the early cut itself: without it the run cuts after the commit.
-      if (patched(SIGNALS_BESIDE_STAGES)) void asked.catch(() => undefined);
-      else await asked;
-    }
+    // Not awaited: an awaited signal costs a workflow task of its own while admission is closed.
+    // Best effort like the early cut itself: without it the run cuts after the commit.
+    void getExternalWorkflowHandle(input.runWorkflowId)
+      .signal(checkpointPrepared, { checkpointId: id, tmpDir: location.tmpDir })
+      .catch(() => undefined);
 
     await stage('commit');
     commit = await timed('commit', () =>
@@ -190,23 +160,16 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
 
     await stage('ledger cut');
     // In flight at the start, neither committed nor a restart: scope episodes no environment committed.
-    const environmentKeys = commit.environmentKeys;
-    const settled = environmentKeys ? new Set([...environmentKeys, ...restarts]) : undefined;
-    const unsettled = settled ? input.inFlight.map(captureKey).filter((k) => !settled.has(k)) : (commit.uncommitted ?? []);
-    // Nothing unsettled: the early cut stands (the run would confirm it), so it need not be asked.
-    // Under EARLY_CUT_UNCONFIRMED the run is told so, and does not confirm it.
-    const unconfirmed = patched(EARLY_CUT_UNCONFIRMED);
-    const told = getExternalWorkflowHandle(input.runWorkflowId).signal(checkpointCommitted, {
-      checkpointId: id,
-      tmpDir: location.tmpDir,
-      unsettled,
-      ...(unconfirmed && unsettled.length === 0 ? { takesEarlyCut: true } : {}),
-    });
-    // Waiting for the cut, not for the signal's delivery; a signal that fails ends the wait.
+    const unsettled = commit.uncommitted;
+    // Nothing unsettled (the usual case): the early cut stands whatever the run would answer, so
+    // the attempt publishes with it and says so (`takesEarlyCut`); the run then sends no
+    // confirmation, which would reach this workflow as it completes and cost another task.
+    const early = unsettled.length === 0;
     let untold: unknown;
-    if (patched(SIGNALS_BESIDE_STAGES)) void told.catch((err: unknown) => (untold = err ?? new Error('signal failed')));
-    else await told;
-    const early = unsettled.length === 0 && (unconfirmed || patched(TAKE_EARLY_CUT));
+    // Waiting for the cut, not for the signal's delivery; a signal that fails ends the wait.
+    void getExternalWorkflowHandle(input.runWorkflowId)
+      .signal(checkpointCommitted, { checkpointId: id, tmpDir: location.tmpDir, unsettled, ...(early ? { takesEarlyCut: true } : {}) })
+      .catch((err: unknown) => (untold = err ?? new Error('signal failed')));
     const usable = (): LedgerCutWritten | undefined => cut ?? (early ? earlyCut : undefined);
     const gotCut = await timed('ledger_cut', () => condition(() => usable() !== undefined || untold !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
     cut = usable();
@@ -224,9 +187,8 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       trainer_version: cut.trainerVersion,
       dataloader_cursor: cut.dataloaderCursor,
       gym_topology_fingerprint: input.topology.fingerprint,
-      // The scope and the episode lists are completed from the commit file when it finalizes;
-      // an attempt whose commit predates that file still carries them.
-      gym_checkpoint: environmentKeys ? { scope: scope.map(captureKey), restarts, participants: commit.participants } : { restarts, participants: commit.participants },
+      // Each participant's episode list is completed from the commit file when it finalizes.
+      gym_checkpoint: { scope: scope.map(captureKey), restarts, participants: commit.participants },
       ledger_sha256: cut.sha256,
       ledger_bytes: cut.bytes,
       created_at: new Date().toISOString(),
@@ -256,16 +218,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     });
   }
 
-  // Published: the snapshot is durable and authoritative from here on. Retention only deletes
-  // older snapshots: neither Gym nor the run's admission need wait for it. The run applies it once
-  // it has the outcome; attempts of runs started before that apply it beside the release.
+  // Published: the snapshot is durable and authoritative from here on. Retention (older
+  // snapshots) is the run's, once it has the outcome and admission is open again.
   await stage('resume');
-  const [released] = await Promise.all([
-    resumeGym(control, input, seconds),
-    input.retentionByRun ? undefined : storage.applyRetention({ checkpointDir: input.checkpointDir, keepLatestK: input.keepLatestK }).catch(() => undefined),
-  ]);
+  const released = await resumeGym(control, input, seconds);
   return finish({
-    ...(input.retentionByRun ? { retentionRoot: location.root } : {}),
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',
     releasePending: !released,

@@ -30,13 +30,6 @@ export interface CheckpointCommitted {
   takesEarlyCut?: boolean;
 }
 
-/** The signal as checkpoint attempts started before `unsettled` sent it (histories still replay it). */
-export interface LegacyCheckpointCommitted {
-  checkpointId: string;
-  tmpDir: string;
-  environmentKeys: CaptureKey[];
-  restarts: CaptureKey[];
-}
 export interface LedgerCutWritten {
   checkpointId: string;
   sha256: string;
@@ -56,7 +49,7 @@ export interface CheckpointPrepared {
  */
 export const checkpointPrepared = defineSignal<[CheckpointPrepared]>('checkpointPrepared');
 /** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now (or confirm the early one). */
-export const checkpointCommitted = defineSignal<[CheckpointCommitted | LegacyCheckpointCommitted]>('checkpointCommitted');
+export const checkpointCommitted = defineSignal<[CheckpointCommitted]>('checkpointCommitted');
 /** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
 export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');
 /**

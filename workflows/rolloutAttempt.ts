@@ -7,7 +7,6 @@ import {
   condition,
   getExternalWorkflowHandle,
   isCancellation,
-  patched,
   setHandler,
   sleep,
   upsertMemo,
@@ -35,8 +34,8 @@ export interface RolloutAttemptInput {
   controlTaskQueue: string;
   runTaskQueue: string;
   retireTimeoutS: number;
-  /** `controller.run_heartbeat_timeout_s` (absent in attempts started before the setting: 30 s). */
-  runHeartbeatTimeoutS?: number;
+  /** `controller.run_heartbeat_timeout_s`. */
+  runHeartbeatTimeoutS: number;
 }
 
 export async function rolloutAttempt(input: RolloutAttemptInput): Promise<RolloutReport> {
@@ -78,18 +77,13 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   if (outcome?.report) {
     report = outcome.report;
   } else if (outcome === undefined) {
-    // Deadline (or stopped by the run): cancel the HTTP call (the activity aborts its request) and retire the attempt.
-    // The cancellation reaches the activity only with its next heartbeat reply, up to 0.8 × the
-    // heartbeat timeout away; the retire makes the environment cancel the episode's task at once,
-    // so `/run` ends now either way. The report still waits until the activity has ended.
+    // Deadline (or stopped by the run): cancel the HTTP call (the activity aborts its request) and
+    // retire the attempt. The cancellation reaches the activity only with its next heartbeat reply,
+    // up to 0.8 × the heartbeat timeout away; the retire makes the environment cancel the episode's
+    // task at once, so `/run` ends now either way. The report still waits until the activity ended.
     scope.cancel();
-    if (patched('deadline-retire-with-cancel')) {
-      await retireEverywhere(control, input);
-      await run.catch(() => undefined);
-    } else {
-      await run.catch(() => undefined);
-      await retireEverywhere(control, input);
-    }
+    await retireEverywhere(control, input);
+    await run.catch(() => undefined);
     report = failedReport(input.episode, stopped!.status, stopped!.reason, false, seconds());
   } else {
     const code = failureType(outcome.error);

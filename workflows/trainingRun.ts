@@ -11,7 +11,6 @@ import {
   getExternalWorkflowHandle,
   isCancellation,
   log,
-  patched,
   sleep,
   setCurrentDetails,
   setHandler,
@@ -26,12 +25,13 @@ import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport }
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
 import type { RunConfig } from '../protocol/run-config.js';
 import { controlActivities, gymRecoveryActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
-import { checkpointAttempt, checkpointWorkflowId, TAKE_EARLY_CUT } from './checkpointAttempt.js';
+import { checkpointAttempt, checkpointWorkflowId } from './checkpointAttempt.js';
 import * as D from './deadlines.js';
 import { describeFailure, unreachableServers } from './failures.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
-import { isPackedJson, packJson, unpackJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
+import { planRecovery, restoredRollouts, settleRecovery } from './recovery-plan.js';
+import { packJson, unpackJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type EnvironmentLevel } from './target-levels.js';
 import {
   checkpointCommitted,
@@ -49,7 +49,6 @@ import {
   type CheckpointCommitted,
   type CheckpointPrepared,
   type LedgerCutWritten,
-  type LegacyCheckpointCommitted,
   type RunStatus,
 } from './messages.js';
 import { GYM_RESTARTED, rolloutAttempt, rolloutWorkflowId } from './rolloutAttempt.js';
@@ -132,8 +131,8 @@ export interface RecoveryRecord {
 
 export interface TrainingRunInput {
   config: RunConfig;
-  /** Carried across continue-as-new: packed (see `packRunState`); a plain state is accepted too. */
-  state?: RunState | PackedJson;
+  /** Carried across continue-as-new, packed (see `packRunState`). */
+  state?: PackedJson;
 }
 
 /** The compact form of `RunState.inFlight`: one row per attempt, derivable fields left out. */
@@ -238,29 +237,15 @@ export function initialState(config: RunConfig): RunState {
   };
 }
 
-/** What an attempt that signalled the committed keys (not `unsettled`) means by it. */
-function legacyUnsettled(req: LegacyCheckpointCommitted, atStart: ReadonlySet<CaptureKey>): CaptureKey[] {
-  const settled = new Set([...req.environmentKeys, ...req.restarts]);
-  return [...atStart].filter((k) => !settled.has(k));
-}
-
-
-/** Patch: the run applies retention after the attempt's outcome, with admission open again. */
-const RETENTION_BY_RUN = 'retention-by-run';
-
-/** Patch: the ledger cut became a local activity; runs recorded before it replay the regular one. */
-const LEDGER_CUT_LOCAL = 'ledger-cut-local-activity';
-
 export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> {
   const cfg = input.config;
-  const st = input.state === undefined ? initialState(cfg) : isPackedJson(input.state) ? unpackRunState(input.state, cfg.run.name) : input.state;
+  const st = input.state === undefined ? initialState(cfg) : unpackRunState(input.state, cfg.run.name);
   const runId = workflowInfo().workflowId;
   const control = controlActivities(cfg.run.task_queue);
   const storage = storageActivities(cfg.run.task_queue);
   const trainer = storageActivities(cfg.run.task_queue);
   const storageLocal = storageLocalActivities();
-  // Absent in configs parsed before the setting existed.
-  const gymRecoveryTimeoutS = cfg.controller.gym_recovery_timeout_s ?? 600;
+  const gymRecoveryTimeoutS = cfg.controller.gym_recovery_timeout_s;
   const gymRecovery = gymRecoveryActivities(cfg.run.task_queue, gymRecoveryTimeoutS);
   let recovering = false;
   /** Retention applied after the latest published snapshots (awaited before continue-as-new and the end). */
@@ -272,7 +257,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const wake = (): void => {
     changed = true;
   };
-  let cutRequest: CheckpointCommitted | LegacyCheckpointCommitted | undefined;
+  let cutRequest: CheckpointCommitted | undefined;
   let earlyCutRequest: CheckpointPrepared | undefined;
   let checkpointRunning = false;
   let boundaryRequested = false;
@@ -588,8 +573,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
                 controlTaskQueue: cfg.run.task_queue,
                 runTaskQueue: cfg.run.rollout_task_queue,
                 retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
-                // Absent in configs parsed before the setting existed.
-                ...(cfg.controller.run_heartbeat_timeout_s !== undefined ? { runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s } : {}),
+                runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
               },
             ],
           });
@@ -664,8 +648,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   async function record(full: CheckpointOutcome): Promise<void> {
     // Kept (status, summary, metrics file, continue-as-new state) with counts, not the key lists:
     // 50 outcomes of 8,000 keys each would outgrow every payload they travel in.
-    // The retention root is the attempt's instruction to the run, not part of the outcome.
-    const { scope, restarts, retentionRoot: _retentionRoot, ...o }: CheckpointOutcome = full;
+    const { scope, restarts, ...o }: CheckpointOutcome = full;
     if (scope) o.scopeCount = scope.length;
     if (restarts) o.restartCount = restarts.length;
     st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
@@ -749,7 +732,6 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
     ];
     const atStart = new Set(inFlight.map(captureKey));
-    const retentionByRun = patched(RETENTION_BY_RUN);
     const handle = await startChild(checkpointAttempt, {
       workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
       taskQueue: cfg.run.task_queue,
@@ -766,12 +748,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           inFlight,
           checkpointDir: cfg.run.checkpoint_dir,
           anchor: st.steps === 0 ? 'bootstrap' : `step_${st.steps}`,
-          keepLatestK: cfg.rollout_checkpointing.keep_latest_k,
           prepareTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
           controlTaskQueue: cfg.run.task_queue,
           gymRunDir: cfg.run.gym_run_dir,
           requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
-          ...(retentionByRun ? { retentionByRun } : {}),
         },
       ],
     });
@@ -786,7 +766,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       const cutOf = { dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
       // A local activity: the ledger (~1 MB packed at 8,000 in flight) stays out of the history.
       const cutInput = { tmpDir, ledger: packJson(st.ledger) };
-      const cut = patched(LEDGER_CUT_LOCAL) ? await storageLocal.writeLedgerCut(cutInput) : await storage.writeLedgerCut(cutInput);
+      const cut = await storageLocal.writeLedgerCut(cutInput);
       return { cut: { checkpointId, sha256: cut.sha256, bytes: cut.bytes, ...cutOf }, inFlight };
     };
     // Asked after prepare (Gym frozen): the cut is written while Gym commits. It stands unless an
@@ -804,7 +784,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         return undefined;
       });
       // The attempt publishes with it at once if Gym committed every episode in flight.
-      if (early && patched(TAKE_EARLY_CUT)) {
+      if (early) {
         void handle.signal(earlyLedgerCutWritten, early.cut).catch(() => undefined);
         earlySent = true;
       }
@@ -817,7 +797,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       // on the wire. Wait briefly so the cut holds their results (an attempt that never reached
       // Gym simply reruns from its input after a cold restore). Dispatch is closed, so nothing
       // joined st.inFlight since the start; anything that did counts as unsettled.
-      const unsettled = new Set('unsettled' in req ? req.unsettled : legacyUnsettled(req, atStart));
+      const unsettled = new Set(req.unsettled);
       let cut = early?.cut;
       let rewritten = false;
       if (!early || [...unsettled].some((k) => early!.inFlight.has(k))) {
@@ -829,13 +809,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         rewritten = true;
       }
       // The attempt publishes with the early cut the run sent it: no confirmation (none to reach it
-      // as it completes). Decided by what the history holds (the signal's field), so no patch here.
-      const unconfirmed = earlySent && !rewritten && 'takesEarlyCut' in req && req.takesEarlyCut === true;
-      if (!unconfirmed) {
-        // The attempt may already have published with the early cut and ended: nobody to tell.
-        if (patched(TAKE_EARLY_CUT)) await handle.signal(ledgerCutWritten, cut!).catch(() => undefined);
-        else await handle.signal(ledgerCutWritten, cut!);
-      }
+      // as it completes). Decided by what the history holds (the signal's field).
+      const unconfirmed = earlySent && !rewritten && req.takesEarlyCut === true;
+      // The attempt may already have published with the early cut and ended: nobody to tell.
+      if (!unconfirmed) await handle.signal(ledgerCutWritten, cut!).catch(() => undefined);
     }
     await result;
     const o = outcome!;
@@ -850,7 +827,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     }
     // Published: older snapshots go now, with admission open (best effort: the next one retries;
     // the run awaits it before it continues as new or ends).
-    if (o.retentionRoot) {
+    if (o.snapshotDir) {
       const applied = storage.applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
       retention = Promise.all([retention, applied]);
     }
@@ -887,93 +864,35 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       // Again: a second crash may have come while the attempts reported.
       const topology = await waitForGym();
       st.topology = topology;
-      const saved = new Set(st.lastSnapshotScope);
-      const unsealed = L.unsealedSiblings(st.ledger);
-      // The saved attempt N of a sibling: its current attempt if that was in flight, or the attempt
-      // before a restored replacement that never started (a second crash before it ran).
-      const savedEpisode = (sib: L.Sibling): EpisodeId | undefined => {
-        const cur = L.currentAttempt(sib);
-        if (cur.status === 'dispatched' && saved.has(L.siblingKey(sib))) return L.episodeOfAttempt(sib, cur);
-        if (cur.status === 'reserved' && cur.continued) {
-          const prev = sib.attempts[sib.attempts.length - 2];
-          if (prev && saved.has(captureKey(L.episodeOfAttempt(sib, prev)))) return L.episodeOfAttempt(sib, prev);
-        }
-        return undefined;
-      };
-      // Only groups resolved to restore at `turn` continue from saved turns (§5.5, §5.6).
-      let candidates = st.lastSnapshot ? unsealed.filter((u) => u.group.restore_level === 'turn' && savedEpisode(u.sibling) !== undefined) : [];
-      // Group-scored groups re-form at /verify only whole: continue all their unfinished siblings or none.
-      candidates = candidates.filter(
-        (u) =>
-          u.group.recovery_granularity !== 'prompt_group' ||
-          unsealed.filter((x) => x.group === u.group).every((x) => candidates.some((c) => c.sibling === x.sibling)),
-      );
-      const scope = candidates.map((u) => savedEpisode(u.sibling)!);
-      const continued = new Set<string>();
+      const plan = planRecovery(st.ledger, { lastSnapshot: st.lastSnapshot, lastSnapshotScope: st.lastSnapshotScope });
+      let restored = new Set<string>();
       let restoreFailed = false;
-      if (scope.length > 0 && st.lastSnapshot) {
+      if (plan.scope.length > 0 && st.lastSnapshot) {
         const restoreId = `restore-${uuid4().replace(/-/g, '')}`;
         record.restoreId = restoreId;
         try {
-          const r = await control.gymRestore.executeWithOptions({ summary: `restore ${scope.length} episodes from ${st.lastSnapshot}` }, [
-            { topology, restoreId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, checkpointDir: st.lastSnapshot, scope },
+          const r = await control.gymRestore.executeWithOptions({ summary: `restore ${plan.scope.length} episodes from ${st.lastSnapshot}` }, [
+            { topology, restoreId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, checkpointDir: st.lastSnapshot, scope: plan.scope },
           ]);
           await control.gymResume({ topology, checkpointId: restoreId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s });
-          for (const u of candidates) {
-            const e = savedEpisode(u.sibling)!;
-            const replacement = captureKey({ rollout_id: e.rollout_id, attempt: e.attempt + 1 });
-            if ((r.restored[u.group.environment] ?? []).includes(replacement)) continued.add(u.sibling.rollout_id);
-          }
+          restored = restoredRollouts(plan, r.restored);
         } catch (err) {
           // All or nothing: the coordination client retired the replacements N+1 everywhere.
           restoreFailed = true;
           record.error = describeFailure(err);
-          log.warn('restore after the Gym crash failed; unfinished work starts over', { error: String(err) });
+          log.warn('restore after the Gym crash failed; unfinished work starts over', { error: record.error });
         }
       }
-      const retireOld: EpisodeId[] = [];
-      const cohortRestarted = new Set<L.PromptGroup>();
-      const scopeRollouts = new Set(scope.map((e) => e.rollout_id));
-      for (const u of unsealed) {
-        const cur = L.currentAttempt(u.sibling);
-        if (continued.has(u.sibling.rollout_id)) {
-          // A reserved replacement (second crash before it ran) is restored again as the same N+1.
-          if (cur.status === 'dispatched') L.continueFromRestore(u.sibling, u.group.environment);
-          record.continued.push(L.siblingKey(u.sibling));
-          continue;
-        }
-        if (cur.status === 'reserved' && !cur.continued) {
-          if (!cold) continue; // never reached Gym: dispatch as is
-          // Cold start: the run that wrote the cut may have dispatched it after the cut; its
-          // attempt number is burnt (retired) and the sibling starts over as the next one.
-          retireOld.push(L.episodeOfAttempt(u.sibling, cur));
-        }
-        if (cur.status === 'dispatched') retireOld.push(L.episodeOfAttempt(u.sibling, cur));
-        if (u.group.recovery_granularity === 'prompt_group') cohortRestarted.add(u.group);
-        L.restartFromInput(u.sibling, 'gym_crash', restoreFailed && scopeRollouts.has(u.sibling.rollout_id) ? 1 : 0);
-        record.restarted.push(L.siblingKey(u.sibling));
-      }
-      for (const g of cohortRestarted) g.cohort_attempt = (g.cohort_attempt ?? 0) + 1;
-      // `prompt_group`: saved turns are thrown away and every group with unfinished work reruns whole.
-      for (const g of new Set(unsealed.map((u) => u.group))) {
-        if (g.restore_level === 'prompt_group') {
-          for (const sib of g.siblings) {
-            if (L.currentAttempt(sib).status === 'sealed') {
-              // Its result is superseded by the rerun: it counts once, when the rerun seals.
-              st.completedRollouts -= 1;
-              L.restartFromInput(sib, 'prompt_group_rerun');
-              record.restarted.push(L.siblingKey(sib));
-            }
-          }
-          g.status = 'generating';
-        }
-      }
+      const settled = settleRecovery(st.ledger, plan, { restored, restoreFailed, cold });
+      record.continued = settled.continued;
+      record.restarted = settled.restarted;
+      st.completedRollouts -= settled.superseded;
       // A harness of a dead attempt that outlived the crash must not write into the rerun.
-      if (retireOld.length > 0) {
-        await control.gymRetire({ topology, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, episodes: retireOld }).catch((err) => {
+      if (settled.retire.length > 0) {
+        await control.gymRetire({ topology, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, episodes: settled.retire }).catch((err) => {
           log.warn('retiring the dead attempts failed (fresh processes hold nothing of them)', { error: String(err) });
         });
-        st.forgetQueue.push(...retireOld.map((e) => e.rollout_id).filter((r) => !L.findSibling(st.ledger, r)));
+        st.forgetQueue.push(...settled.retire.map((e) => e.rollout_id).filter((r) => !L.findSibling(st.ledger, r)));
       }
       log.info('recovered from a Gym crash', { continued: record.continued.length, restarted: record.restarted.length });
     } finally {

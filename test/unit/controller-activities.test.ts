@@ -152,7 +152,6 @@ describe('Gym coordination activities', () => {
     const committed = await run(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope });
     // Both scope episodes were committed by the environment; the episode lists stay on disk.
     expect(committed.uncommitted).toEqual([]);
-    expect(committed.environmentKeys).toBeUndefined();
     expect(Object.keys(committed.participants).sort()).toEqual(['env_main', 'res_main']);
     expect(committed.participants.res_main).toEqual(expect.objectContaining({ kind: 'resources', instance: 'res_main', episode_count: 1 }));
     expect(committed.participants.res_main).not.toHaveProperty('episode_ids');

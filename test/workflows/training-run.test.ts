@@ -210,14 +210,6 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
       await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
-      // Recorded after the early ledger cut landed (clean-attempt predates it).
-      await recordHistories(env, 'early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
-      // And after the attempt took the early cut itself.
-      await recordHistories(env, 'take-early-cut', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
-      // And with allocation, the restart check and publication as local activities.
-      await recordHistories(env, 'local-file-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
-      // And with the early cut taken unconfirmed and retention applied by the run.
-      await recordHistories(env, 'retention-by-run', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
@@ -242,7 +234,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toContain('ledgerCutWritten');
       await finishRun(gym, handle);
-      await recordHistories(env, 'signals-beside-stages', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
+      await recordHistories(env, 'late-result', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
     });
   });
 
@@ -539,6 +531,7 @@ describe('live failures', () => {
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 3, failedRollouts: 1 });
       expectRunsOnce(gym);
+      await recordHistories(env, 'cohort-starts-over', [cfg.run.name, ...mates.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
     });
   });
 });
@@ -615,6 +608,9 @@ describe('Gym crashes (no crash ends a run)', () => {
       expect(summary.recoveries[0]!.continued).toHaveLength(2);
       expect(gym.calls.some((c) => c.startsWith('restore:'))).toBe(true);
       expect((await status(handle).catch(() => undefined))?.waitingForGymSince ?? null).toBeNull();
+      const [first, crashed] = gym.metrics.map((m) => checkpointWorkflowId(cfg.run.name, m.checkpointId));
+      const attempts = [...new Set(gym.runKeys())].filter((k) => k.endsWith('.g0') || k.endsWith('.g0-a1'));
+      await recordHistories(env, 'gym-crash', [cfg.run.name, first!, crashed!, ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
     });
   }, 60_000);
 
