@@ -2,7 +2,8 @@
 // (one Temporal payload is at most 2 MiB): lossless against JSON.stringify/parse, and small.
 import { describe, expect, it } from 'vitest';
 import { isPackedJson, packJson, unpackJson } from '../../protocol/packed-json.js';
-import { initialState, packRunState, unpackRunState, type RunState } from '../../workflows/trainingRun.js';
+import { packRunState, unpackRunState } from '../../workflows/run/codec.js';
+import { initialState, type RunState } from '../../workflows/run/state.js';
 import * as L from '../../workflows/ledger.js';
 import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
 import { runConfig } from '../workflows/harness.js';

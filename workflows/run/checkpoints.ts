@@ -1,0 +1,204 @@
+// The checkpoint pump: when a checkpoint is due (periodic, trainer boundary, manual, or a pending
+// release/abort to retry), its attempt started as a child workflow with admission closed, its
+// outcome recorded, and "Gym does not recover" decided from the failures of a Gym that is up.
+import { ApplicationFailure, ParentClosePolicy, log, setCurrentDetails, startChild, upsertMemo, uuid4 } from '@temporalio/workflow';
+import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/controller.js';
+import { captureKey } from '../../protocol/episode-id.js';
+import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
+import * as D from '../deadlines.js';
+import { unreachableServers } from '../failures.js';
+import * as L from '../ledger.js';
+import type { RunContext } from './context.js';
+import { answerLedgerCut } from './ledger-cut.js';
+import { MAX_KEPT_OUTCOMES } from './state.js';
+
+const GYM_HOLDER = 'gym-checkpoint';
+/** A pending release or abort is retried this often: admission stays closed until it goes through. */
+const PENDING_RETRY_MS = 5_000;
+
+function openGymGate(ctx: RunContext): void {
+  ctx.st.gates.gymCheckpoint = false;
+  D.release(ctx.st.deadlines, GYM_HOLDER, Date.now());
+}
+
+export function checkpointDue(ctx: RunContext): boolean {
+  const { st } = ctx;
+  if (ctx.checkpointRunning || !st.topology) return false;
+  if (ctx.manualRequested > ctx.manualServed || ctx.boundaryRequested) return true;
+  if (st.pendingRelease || st.pendingAbort) return Date.now() - (st.lastCheckpointAtMs ?? 0) >= Math.min(ctx.intervalMs ?? PENDING_RETRY_MS, PENDING_RETRY_MS);
+  if (ctx.intervalMs === null) return false;
+  return Date.now() - (st.lastCheckpointAtMs ?? ctx.startedAtMs) >= ctx.intervalMs;
+}
+
+/** How long until a checkpoint is due (undefined: not by time). */
+export function nextCheckpointMs(ctx: RunContext): number | undefined {
+  const { st } = ctx;
+  if (ctx.checkpointRunning) return undefined;
+  if (st.pendingRelease || st.pendingAbort) return PENDING_RETRY_MS;
+  if (ctx.intervalMs === null) return undefined;
+  return Math.max(0, ctx.intervalMs - (Date.now() - (st.lastCheckpointAtMs ?? ctx.startedAtMs)));
+}
+
+/** Starts the due checkpoint beside the main loop; its outcome is recorded (and answered, if manual). */
+export function startCheckpoint(ctx: RunContext): void {
+  const { st } = ctx;
+  const manual = ctx.manualRequested > ctx.manualServed;
+  const ticket = manual ? ++ctx.manualServed : 0;
+  const trigger: CheckpointTrigger = manual ? 'manual' : ctx.boundaryRequested ? 'trainer_boundary' : 'periodic';
+  ctx.boundaryRequested = false;
+  ctx.checkpointRunning = true;
+  void (async () => {
+    try {
+      const o = await runCheckpoint(ctx, trigger);
+      if (o.outcome === 'skipped' && o.reason === 'missing_trainer_anchor') {
+        // Logged once per step, not every tick; not a failure and not an attempt.
+        if (st.missingAnchorStep !== st.steps) {
+          st.missingAnchorStep = st.steps;
+          log.info('periodic checkpoint skipped: no trainer anchor for this step yet', { step: st.steps });
+        }
+        st.lastCheckpointAtMs = Date.now();
+      } else {
+        await record(ctx, o);
+      }
+      if (ticket) ctx.manualOutcomes[ticket] = o;
+    } catch (err) {
+      ctx.fatal = err instanceof ApplicationFailure ? err : ApplicationFailure.nonRetryable(String(err), 'invariant_error');
+    } finally {
+      ctx.checkpointRunning = false;
+      ctx.wake();
+    }
+  })();
+}
+
+export async function record(ctx: RunContext, full: CheckpointOutcome): Promise<void> {
+  const { st, cfg } = ctx;
+  // Kept (status, summary, metrics file, continue-as-new state) with counts, not the key lists:
+  // 50 outcomes of 8,000 keys each would outgrow every payload they travel in.
+  const { scope, restarts, ...o }: CheckpointOutcome = full;
+  if (scope) o.scopeCount = scope.length;
+  if (restarts) o.restartCount = restarts.length;
+  st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
+  // Failures of a Gym that is up count towards "Gym does not recover"; an attempt that only found
+  // Gym down or restarted does not: the recovery it leads to waits for Gym (bounded) and decides.
+  if (o.outcome !== 'failed') st.consecutiveFailures = 0;
+  else if (!o.gymRestarted && !o.gymUnreachable) st.consecutiveFailures += 1;
+  if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshot = o.snapshotDir;
+  st.lastCheckpointAtMs = Date.now();
+  await ctx.storage.appendCheckpointMetrics({ checkpointDir: cfg.run.checkpoint_dir, outcome: o }).catch(() => undefined);
+  await upsertMemo({ lastCheckpoint: `${o.outcome}/${o.reason}`, lastSnapshot: st.lastSnapshot });
+  if (o.reason === 'invariant_error') {
+    ctx.fatal = ApplicationFailure.nonRetryable(`checkpoint ${o.checkpointId} hit a controller invariant: ${o.error ?? ''}`, 'invariant_error');
+  } else if (st.consecutiveFailures >= cfg.rollout_checkpointing.max_consecutive_failures) {
+    ctx.fatal = ApplicationFailure.nonRetryable(
+      `${st.consecutiveFailures} consecutive checkpoint failures (last: ${o.reason}); Gym does not recover`,
+      'max_consecutive_failures',
+    );
+  }
+}
+
+/** Retries a pending release or abort with the same ID: its outcome (a release), or undefined (nothing pending, or an abort that went through). */
+export async function retryPending(ctx: RunContext, trigger: CheckpointTrigger): Promise<CheckpointOutcome | undefined> {
+  const { st, cfg } = ctx;
+  const pending = st.pendingRelease ?? st.pendingAbort;
+  if (!pending || !st.topology) return undefined;
+  const released = st.pendingRelease !== null;
+  const t = Date.now();
+  const at = (): { seconds: { resume: number }; at: string } => ({ seconds: { resume: (Date.now() - t) / 1000 }, at: new Date().toISOString() });
+  try {
+    await ctx.control.gymResume.executeWithOptions({ summary: `${released ? 'release' : 'abort'} ${pending.checkpointId} (retry)` }, [
+      { topology: st.topology, checkpointId: pending.checkpointId, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s },
+    ]);
+  } catch (err) {
+    const unreachable = unreachableServers(err).length > 0;
+    if (unreachable) st.recoveryNeeded = true;
+    return {
+      checkpointId: pending.checkpointId,
+      trigger,
+      outcome: 'failed',
+      reason: released ? 'release_pending' : 'io_error',
+      releasePending: released,
+      abortPending: !released,
+      ...(unreachable ? { gymUnreachable: true } : {}),
+      error: String(err),
+      ...at(),
+    };
+  }
+  const snapshotDir = st.pendingRelease?.snapshotDir;
+  st.pendingRelease = null;
+  st.pendingAbort = null;
+  openGymGate(ctx);
+  // A released pending snapshot is a completed checkpoint; an abort only reopens the gate.
+  return released ? { checkpointId: pending.checkpointId, trigger, outcome: 'completed', reason: 'completed', snapshotDir, ...at() } : undefined;
+}
+
+async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promise<CheckpointOutcome> {
+  const { st, cfg } = ctx;
+  if (!st.topology) throw ApplicationFailure.nonRetryable('no Gym topology', 'invariant_error');
+  if (st.pendingRelease || st.pendingAbort) {
+    const wasRelease = st.pendingRelease !== null;
+    const retried = await retryPending(ctx, trigger);
+    if (retried) return retried;
+    if (wasRelease) throw new Error('unreachable: a released pending snapshot returns its outcome');
+    // The abort went through: continue with a new attempt.
+  }
+  if (cfg.trainer.enabled && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
+    // A snapshot binds to a durable trainer anchor of the current step (controller.md §2.1).
+    return { checkpointId: '', trigger, outcome: 'skipped', reason: 'missing_trainer_anchor', seconds: {}, at: new Date().toISOString() };
+  }
+  st.checkpointSeq += 1;
+  const checkpointId = `rollout-step-${st.steps}-snapshot-${st.checkpointSeq}-${uuid4().replace(/-/g, '')}`;
+  const closedAt = Date.now();
+  st.gates.gymCheckpoint = true;
+  D.hold(st.deadlines, GYM_HOLDER, Date.now());
+  setCurrentDetails(`**run** \`${cfg.run.name}\`: checkpoint \`${checkpointId}\` (${trigger}) in progress`);
+  // Scope candidates: attempts in flight, and restored replacements (N+1) not dispatched yet —
+  // a scope that left them out would delete their saved turns.
+  const inFlight = [
+    ...Object.values(st.inFlight).map((f) => f.episode),
+    ...L.reservedAttempts(st.ledger)
+      .filter(({ attempt }) => attempt.continued)
+      .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
+  ];
+  const handle = await startChild(checkpointAttempt, {
+    workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
+    taskQueue: cfg.run.task_queue,
+    parentClosePolicy: ParentClosePolicy.ABANDON,
+    staticSummary: `${trigger} checkpoint ${checkpointId} of run ${cfg.run.name}`,
+    staticDetails: `${inFlight.length} rollouts in flight at step ${st.steps}`,
+    args: [
+      {
+        run: cfg.run.name,
+        runWorkflowId: ctx.runId,
+        checkpointId,
+        trigger,
+        topology: st.topology,
+        inFlight,
+        checkpointDir: cfg.run.checkpoint_dir,
+        anchor: st.steps === 0 ? 'bootstrap' : `step_${st.steps}`,
+        prepareTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
+        controlTaskQueue: cfg.run.task_queue,
+        gymRunDir: cfg.run.gym_run_dir,
+        requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
+      },
+    ],
+  });
+  const o = await answerLedgerCut(ctx, handle, checkpointId, new Set(inFlight.map(captureKey)));
+  o.seconds.admission_closed_seconds = (Date.now() - closedAt) / 1000;
+  if (o.releasePending && o.snapshotDir) {
+    st.pendingRelease = { checkpointId, snapshotDir: o.snapshotDir, trigger };
+    st.lastSnapshot = o.snapshotDir; // published and durable even though Gym is still paused
+  } else if (o.abortPending) {
+    st.pendingAbort = { checkpointId, trigger };
+  } else {
+    openGymGate(ctx);
+  }
+  // Published: older snapshots go now, with admission open (best effort: the next one retries;
+  // the run awaits it before it continues as new or ends).
+  if (o.snapshotDir) {
+    const applied = ctx.storage.applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
+    ctx.retention = Promise.all([ctx.retention, applied]);
+  }
+  if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
+  if (o.gymRestarted || o.gymUnreachable) st.recoveryNeeded = true;
+  return o;
+}
