@@ -21,7 +21,7 @@ import { coldStart, setupLevels } from './run/cold-start.js';
 import { RunContext } from './run/context.js';
 import { dispatch, forgetFinished } from './run/dispatch.js';
 import { recoverGym } from './run/recovery.js';
-import { applyReports, signalExpired, stopAbandoned } from './run/reports.js';
+import { signalExpired, stopAbandoned, takeReports } from './run/stops.js';
 import { initialState, summaryOf, type RunSummary, type TrainingRunInput } from './run/state.js';
 import { trainReadyGroups } from './run/training.js';
 
@@ -81,7 +81,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   for (;;) {
     if (ctx.fatal) throw ctx.fatal;
     ctx.changed = false;
-    applyReports(ctx);
+    takeReports(ctx);
     await trainReadyGroups(ctx);
     if (st.recoveryNeeded && !ctx.checkpointRunning) await recoverGym(ctx, coldRecoveryPending);
     coldRecoveryPending = false;

@@ -8,7 +8,7 @@ import { packJson } from '../../protocol/packed-json.js';
 import type { checkpointAttempt } from '../checkpointAttempt.js';
 import { earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from '../messages.js';
 import type { RunContext } from './context.js';
-import { applyReports } from './reports.js';
+import { takeReports } from './stops.js';
 
 interface Cut {
   cut: LedgerCutWritten;
@@ -19,7 +19,7 @@ interface Cut {
 /** Writes the ledger as it stands into the temp snapshot (a local activity: it stays out of the history). */
 async function writeCut(ctx: RunContext, checkpointId: string, tmpDir: string): Promise<Cut> {
   const { st } = ctx;
-  applyReports(ctx);
+  takeReports(ctx);
   const inFlight = new Set(Object.keys(st.inFlight));
   const cutOf = { dataloaderCursor: st.ledger.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion };
   const cut = await ctx.storageLocal.writeLedgerCut({ tmpDir, ledger: packJson(st.ledger) });

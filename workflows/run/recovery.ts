@@ -10,7 +10,7 @@ import * as L from '../ledger.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import { record, retryPending } from './checkpoints.js';
 import type { RunContext } from './context.js';
-import { applyReports, stopAbandoned } from './reports.js';
+import { stopAbandoned, takeReports } from './stops.js';
 import { MAX_KEPT_OUTCOMES, type RecoveryRecord } from './state.js';
 
 const RECOVERY_HOLDER = 'gym-recovery';
@@ -30,7 +30,7 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     // episodes at their boundaries: release it first, or they never report.
     await settlePending(ctx);
     for (;;) {
-      applyReports(ctx);
+      takeReports(ctx);
       await stopAbandoned(ctx);
       if (Object.keys(st.inFlight).length === 0) break;
       await condition(() => st.reports.length > 0);

@@ -1,15 +1,22 @@
-// What the run's rollout attempts report, applied to the ledger; and the attempts the run tells to
-// stop (their deadline expired, or their cohort starts over without them).
-import { getExternalWorkflowHandle, log } from '@temporalio/workflow';
+// What the run's rollout attempts report, applied to its state (pure: no workflow APIs, unit-tested
+// on its own): results sealed, live failures retried within the attempt budget or given up, a
+// crashed Gym noted for recovery, cohort-mates of a group that starts over listed to be stopped.
+import type { RunConfig } from '../../protocol/run-config.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
-import { deadlineExpired, stopAttempt } from '../messages.js';
 import { GYM_RESTARTED } from '../rolloutAttempt.js';
-import type { RunContext } from './context.js';
+import type { InFlight, RunState } from './state.js';
 
-export function applyReports(ctx: RunContext): void {
-  const { st, cfg } = ctx;
+export interface AppliedReports {
+  /** In-flight attempts whose cohort started over without them: to be told to stop. */
+  toStop: InFlight[];
+  /** Siblings given up on (attempt budget spent, or a terminal failure), with the reason. */
+  gaveUp: Array<{ key: string; reason: string | undefined }>;
+}
+
+export function applyReports(st: RunState, cfg: RunConfig): AppliedReports {
+  const out: AppliedReports = { toStop: [], gaveUp: [] };
   const reports = st.reports;
   st.reports = [];
   for (const r of reports) {
@@ -36,7 +43,7 @@ export function applyReports(ctx: RunContext): void {
     if (attemptsSoFar >= cfg.async_rl.max_attempts_per_sibling || r.terminal) {
       // Give up on this sibling: a masked zero-reward placeholder keeps its group trainable.
       L.sealAttempt(st.ledger, r.episode, 0, true);
-      log.warn('sibling gave up', { key, reason: r.reason });
+      out.gaveUp.push({ key, reason: r.reason });
       continue;
     }
     const affected = L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);
@@ -46,31 +53,9 @@ export function applyReports(ctx: RunContext): void {
     for (const s of affected) {
       const prev = s === found.sibling ? undefined : s.attempts[s.attempts.length - 2];
       const flight = prev && st.inFlight[captureKey(L.episodeOfAttempt(s, prev))];
-      if (flight && !flight.stopSignalled) ctx.toStop.push(flight);
+      if (flight && !flight.stopSignalled) out.toStop.push(flight);
     }
   }
+  return out;
 }
 
-/** Tells the attempts whose cohort started over without them to stop. */
-export async function stopAbandoned(ctx: RunContext): Promise<void> {
-  const flights = ctx.toStop;
-  ctx.toStop = [];
-  for (const f of flights) {
-    if (f.stopSignalled) continue;
-    f.stopSignalled = true;
-    await getExternalWorkflowHandle(f.workflowId).signal(stopAttempt, 'its cohort starts over').catch(() => undefined);
-  }
-}
-
-/** Tells the attempts whose deadline (kept here, paused while admission is held) expired to stop. */
-export async function signalExpired(ctx: RunContext): Promise<void> {
-  const { st } = ctx;
-  const now = Date.now();
-  for (const key of D.expired(st.deadlines, now)) {
-    const flight = st.inFlight[key];
-    D.removeDeadline(st.deadlines, key);
-    if (!flight || flight.stopSignalled) continue;
-    flight.stopSignalled = true;
-    await getExternalWorkflowHandle(flight.workflowId).signal(deadlineExpired).catch(() => undefined);
-  }
-}

@@ -1,0 +1,38 @@
+// The attempts the run tells to stop: their deadline expired (the run keeps the clocks, paused
+// while admission is held), or their cohort starts over without them.
+import { getExternalWorkflowHandle, log } from '@temporalio/workflow';
+import * as D from '../deadlines.js';
+import { deadlineExpired, stopAttempt } from '../messages.js';
+import type { RunContext } from './context.js';
+import { applyReports } from './reports.js';
+
+/** Applies the reports received so far; the attempts it abandons are stopped by stopAbandoned(). */
+export function takeReports(ctx: RunContext): void {
+  const { toStop, gaveUp } = applyReports(ctx.st, ctx.cfg);
+  ctx.toStop.push(...toStop);
+  for (const g of gaveUp) log.warn('sibling gave up', g);
+}
+
+/** Tells the attempts whose cohort started over without them to stop. */
+export async function stopAbandoned(ctx: RunContext): Promise<void> {
+  const flights = ctx.toStop;
+  ctx.toStop = [];
+  for (const f of flights) {
+    if (f.stopSignalled) continue;
+    f.stopSignalled = true;
+    await getExternalWorkflowHandle(f.workflowId).signal(stopAttempt, 'its cohort starts over').catch(() => undefined);
+  }
+}
+
+/** Tells the attempts whose deadline expired to stop. */
+export async function signalExpired(ctx: RunContext): Promise<void> {
+  const { st } = ctx;
+  const now = Date.now();
+  for (const key of D.expired(st.deadlines, now)) {
+    const flight = st.inFlight[key];
+    D.removeDeadline(st.deadlines, key);
+    if (!flight || flight.stopSignalled) continue;
+    flight.stopSignalled = true;
+    await getExternalWorkflowHandle(flight.workflowId).signal(deadlineExpired).catch(() => undefined);
+  }
+}
