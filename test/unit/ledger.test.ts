@@ -3,26 +3,10 @@
 import { describe, expect, it } from 'vitest';
 import { captureKey } from '../../protocol/ids.js';
 import * as L from '../../workflows/ledger.js';
+import { dispatchAll, ep, reserve as reserveGroup } from '../helpers/ledger.js';
 
-function reserve(l: L.Ledger, id: string, size = 2, granularity: L.RecoveryGranularity = 'sibling'): L.PromptGroup {
-  return L.reserveGroup(l, {
-    group_id: id,
-    prompt_id: `prompt-${id}`,
-    task_source: 'counter',
-    environment: 'counter_env',
-    recovery_granularity: granularity,
-    restore_level: 'turn',
-    target_step: 0,
-    tasks: Array.from({ length: size }, (_, g) => ({ g })),
-  });
-}
-
-/** Marks every reserved attempt dispatched to `counter_env`. */
-function dispatchAll(l: L.Ledger): void {
-  for (const { group, sibling } of L.reservedAttempts(l)) L.markDispatched(group, sibling, 'counter_env');
-}
-
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
+/** A counter_env group of `size` siblings (the shared fixture, positional). */
+const reserve = (l: L.Ledger, id: string, size = 2, granularity: L.RecoveryGranularity = 'sibling'): L.PromptGroup => reserveGroup(l, id, { size, granularity });
 
 describe('ledger: reserve and dispatch', () => {
   it('reserves a group with stable rollout IDs, every sibling at a reserved attempt 0', () => {

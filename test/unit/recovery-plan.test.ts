@@ -3,32 +3,9 @@
 import { describe, expect, it } from 'vitest';
 import { captureKey } from '../../protocol/ids.js';
 import * as L from '../../workflows/ledger.js';
+import { dispatchAll, ep, reserve } from '../helpers/ledger.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../../workflows/recovery-plan.js';
 
-interface GroupOpts {
-  size?: number;
-  granularity?: L.RecoveryGranularity;
-  level?: L.TargetLevel;
-}
-
-function reserve(l: L.Ledger, id: string, { size = 2, granularity = 'sibling', level = 'turn' }: GroupOpts = {}): L.PromptGroup {
-  return L.reserveGroup(l, {
-    group_id: id,
-    prompt_id: `prompt-${id}`,
-    task_source: 'counter',
-    environment: 'counter_env',
-    recovery_granularity: granularity,
-    restore_level: level,
-    target_step: 0,
-    tasks: Array.from({ length: size }, (_, g) => ({ g })),
-  });
-}
-
-function dispatchAll(l: L.Ledger): void {
-  for (const { group, sibling } of L.reservedAttempts(l)) L.markDispatched(group, sibling, 'counter_env');
-}
-
-const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 const SNAPSHOT = '/ckpt/step_1/rollout_snapshots/snapshot_000001';
 
 describe('planRecovery', () => {

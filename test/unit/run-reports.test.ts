@@ -6,6 +6,7 @@ import type { RolloutReport } from '../../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../../protocol/ids.js';
 import * as D from '../../workflows/deadlines.js';
 import * as L from '../../workflows/ledger.js';
+import { ep, reserve } from '../helpers/ledger.js';
 import { applyReports } from '../../workflows/run/reports.js';
 import { initialState, type RunState } from '../../workflows/run/state.js';
 import { GYM_RESTARTED } from '../../workflows/rolloutAttempt.js';
@@ -16,16 +17,7 @@ const cfg = runConfig('reports', { async_rl: { max_attempts_per_sibling: 2 } });
 /** A run state with one group of `size` siblings, every attempt dispatched and in flight with a deadline. */
 function runWithGroup(size: number, granularity: L.RecoveryGranularity = 'sibling'): RunState {
   const st = initialState(cfg);
-  L.reserveGroup(st.ledger, {
-    group_id: 'reports.p0',
-    prompt_id: 'prompt-0',
-    task_source: 'counter',
-    environment: 'counter_env',
-    recovery_granularity: granularity,
-    restore_level: 'turn',
-    target_step: 0,
-    tasks: Array.from({ length: size }, (_, g) => ({ g })),
-  });
+  reserve(st.ledger, 'reports.p0', { size, granularity });
   dispatchReserved(st);
   return st;
 }
@@ -40,7 +32,6 @@ function dispatchReserved(st: RunState): void {
   }
 }
 
-const ep = (rollout_id: string, attempt = 0): EpisodeId => ({ rollout_id, attempt });
 
 function report(episode: EpisodeId, over: Partial<RolloutReport> = {}): RolloutReport {
   const completed = over.status === undefined || over.status === 'completed';
