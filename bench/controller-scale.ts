@@ -10,7 +10,7 @@ import { parseArgs } from 'node:util';
 import { Client, Connection } from '@temporalio/client';
 import { RunConfigSchema } from '../protocol/run-config.js';
 import { startRun } from '../scripts/run.js';
-import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
+import { freePort, RAISED_LIMITS, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
 import { closeActivityPools } from '../activities/index.js';
 import { createControllerWorkers } from '../worker.js';
@@ -112,7 +112,11 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
 
 async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${rollouts}-`));
-  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  // One run owns every attempt: past 2,000 in flight it needs limits that a user's cluster does
+  // not raise, so this run says it raises them.
+  const raise = rollouts > 1_900;
+  if (raise) console.log(`controller-scale: ${rollouts} in flight needs Temporal's pending-children limit raised (RAISED_LIMITS); a default cluster refuses it`);
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite'), ...(raise ? { extraDynamicConfig: RAISED_LIMITS } : {}) });
   const stopServer = onExit('the Temporal dev server', () => server.stop());
   await writeFile(join(dir, 'gym.yaml'), GYM);
   const stopGym = onExit('the Gym deployment', () => downDeployment(join(dir, 'gym')));
