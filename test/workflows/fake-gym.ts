@@ -81,6 +81,8 @@ export class FakeGym {
   generation = 1;
   /** `/run`s in flight when Gym crashed: refused as `instance_mismatch` once it comes back. */
   private orphaned = new Map<string, () => void>();
+  /** `/run`s a crash spared (their environment survived). */
+  private spared = new Set<string>();
   /** Every activity call, in order (`prepare:<id>`, `commit:<id>`, `resume:<id>`, `run:<key>`, …). */
   calls: string[] = [];
   running = new Set<string>();
@@ -95,10 +97,14 @@ export class FakeGym {
   published: Array<{ ledger_sha256: string; checkpoint_id: string }> = [];
   private discarded = new Set<string>();
 
-  /** Every Gym process dies: calls fail as unreachable; the `/run`s in flight hang until Gym comes back. */
-  crash(): void {
+  /**
+   * Every Gym process dies: calls fail as unreachable; the `/run`s in flight hang until Gym comes
+   * back. `spare`: `/run`s whose environment survived (a crash of other servers): they go on.
+   */
+  crash(spare: readonly string[] = []): void {
     this.down = true;
     this.generation += 1;
+    for (const k of spare) this.spared.add(k);
     this.calls.push('crash');
   }
 
@@ -285,7 +291,7 @@ export class FakeGym {
             const generation = this.generation;
             const watch = setInterval(() => {
               // Gym crashed under this /run: it hangs until fresh processes refuse it.
-              if (this.generation !== generation && !this.orphaned.has(key)) {
+              if (this.generation !== generation && !this.orphaned.has(key) && !this.spared.has(key)) {
                 this.orphaned.set(key, () => {
                   stop();
                   reject(ApplicationFailure.nonRetryable(`/run of ${key}: a fresh environment process does not know this attempt`, 'instance_mismatch'));

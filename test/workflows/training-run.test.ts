@@ -714,6 +714,36 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
     });
   });
 
+  it('8e. a recovery stops the clocks while Gym is down, then lets an attempt on a surviving server run out its deadline instead of waiting for it for ever', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('deadline-recovery', { async_rl: { rollout_timeout_s: BUDGET_S }, grpo: { max_num_steps: 1 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      const [crashed, survivor] = [...gym.running].sort() as [string, string];
+      // A checkpoint breaks on the crash of the server under `crashed`; `survivor`'s goes on.
+      gym.script.holdPrepare = true;
+      const update = handle.executeUpdate(checkpointNow);
+      await until(() => gym.count('prepare:') === 1, 'the prepare held');
+      gym.crash([survivor]);
+      gym.releasePrepare();
+      expect(await update).toMatchObject({ outcome: 'failed', gymUnreachable: true });
+      // Down for longer than the budget: nothing is stopped meanwhile.
+      await delay(BUDGET_S * 1000 + 1_000);
+      expect(gym.endedRuns().size).toBe(0);
+      gym.comeBack();
+      // Up again: `crashed` is refused by its fresh process; `survivor` hangs until its deadline.
+      await until(() => gym.endedRuns().has(survivor), 'the survivor stopped at its deadline', BUDGET_S * 1000 + 10_000);
+      await until(() => gym.runKeys().includes(`${survivor}-a1`) && gym.runKeys().includes(`${crashed}-a1`), 'both rerun as attempt 1');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 1 });
+      expect(summary.recoveries).toHaveLength(1);
+      const report = await env.client.workflow.getHandle(rolloutWorkflowId(cfg.run.name, parseCaptureKey(survivor)!)).result();
+      expect(report).toMatchObject({ status: 'timed_out', captureKey: survivor });
+    });
+  }, 60_000);
+
   it('8c. after the checkpoint the clocks restart with the banked budget (not reset, not left stopped)', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true, holdPrepare: true };

@@ -10,7 +10,7 @@ import * as L from '../ledger.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import { record, retryPending } from './checkpoints.js';
 import type { RunContext } from './context.js';
-import { stopAbandoned, takeReports } from './stops.js';
+import { signalExpired, stopAbandoned, takeReports } from './stops.js';
 import { MAX_KEPT_OUTCOMES, type RecoveryRecord } from './state.js';
 
 const RECOVERY_HOLDER = 'gym-recovery';
@@ -18,8 +18,10 @@ const RECOVERY_HOLDER = 'gym-recovery';
 /** `cold`: the first recovery of a run that took over another's checkpoint directory. */
 export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
   const { st, cfg } = ctx;
+  // While Gym is down its attempts cannot report: their clocks stop, or a crash would spend them.
   D.hold(st.deadlines, RECOVERY_HOLDER, Date.now());
   ctx.recovering = true;
+  let held = true;
   const rec: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
   try {
     // Gym first: attempts in flight report only once their processes answer again.
@@ -29,11 +31,18 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     // A checkpoint left prepared (its abort or release pending) holds the surviving processes'
     // episodes at their boundaries: release it first, or they never report.
     await settlePending(ctx);
+    // Gym is up: the attempts still in flight on surviving processes run as usual until they
+    // report, deadlines included (a hung one is stopped at its deadline instead of holding this).
+    D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
+    held = false;
     for (;;) {
       takeReports(ctx);
       await stopAbandoned(ctx);
+      await signalExpired(ctx);
       if (Object.keys(st.inFlight).length === 0) break;
-      await condition(() => st.reports.length > 0);
+      const next = D.nextExpiryMs(st.deadlines, Date.now());
+      if (next === undefined) await condition(() => st.reports.length > 0);
+      else await condition(() => st.reports.length > 0, Math.max(1, next));
     }
     // Again: a second crash may have come while the attempts reported.
     const topology = await waitForGym(ctx);
@@ -74,7 +83,7 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     st.recoveries = [...st.recoveries, rec].slice(-MAX_KEPT_OUTCOMES);
     st.recoveryNeeded = false;
     ctx.recovering = false;
-    D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
+    if (held) D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
     ctx.wake();
   }
 }
