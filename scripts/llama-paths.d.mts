@@ -33,3 +33,6 @@ export function writeLlamaStatus(status: LlamaStatus): void;
 export function startLlamaBuild(): 'ready' | 'building' | 'started';
 /** The installed server once its build is ready; rejects (with the log's tail) when it failed or died. */
 export function waitForLlama(opts?: { timeoutMs?: number; onWait?: (message: string) => void }): Promise<{ python: string; model: string; seconds: number }>;
+export const LLAMA_MODEL_ALIAS: string;
+/** `python -m llama_cpp.server` arguments as the project runs it (see llama-paths.mjs). */
+export function llamaServerArgs(o: { model: string; port: number; apiKey?: string; threads?: number; contextSize?: number }): string[];

@@ -136,3 +136,25 @@ export async function waitForLlama(opts = {}) {
     await new Promise((r) => setTimeout(r, 2_000));
   }
 }
+
+/** The name the llama.cpp server serves the model under (`served_model` in the deployment). */
+export const LLAMA_MODEL_ALIAS = 'smollm2';
+
+/**
+ * The arguments of `python -m llama_cpp.server` as the project runs it: the SmolLM2 model under
+ * LLAMA_MODEL_ALIAS with the chat template of its GGUF file, requests served one after another
+ * (instead of a new one interrupting a running stream), a fixed seed, quiet logs. `apiKey` makes
+ * it require `Authorization: Bearer <key>`. With this template llama.cpp makes a tool call when the
+ * request names the function (`tool_choice: {"type": "function", ...}`: arguments decoded under the
+ * tool's JSON schema, bounded by `max_tokens`); with `auto` the model answers in text. (Its
+ * `chatml-function-calling` format lets the model choose, but decodes arguments without
+ * `max_tokens`, and a 135M model can run on to the end of the context.)
+ * @param {{ model: string, port: number, apiKey?: string, threads?: number, contextSize?: number }} o
+ */
+export function llamaServerArgs(o) {
+  const args = ['-m', 'llama_cpp.server', '--model', o.model, '--model_alias', LLAMA_MODEL_ALIAS, '--host', '127.0.0.1', '--port', String(o.port)];
+  args.push('--interrupt_requests', 'false', '--n_ctx', String(o.contextSize ?? 2048));
+  args.push('--n_threads', String(o.threads ?? 2), '--seed', '7', '--verbose', 'false');
+  if (o.apiKey) args.push('--api_key', o.apiKey);
+  return args;
+}

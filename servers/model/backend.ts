@@ -88,9 +88,20 @@ export function backendBody(b: Backend, body: Record<string, unknown>): Record<s
   if (b.api === 'ng') return body;
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(body)) if (!EXTENSION_FIELD.test(k)) out[k] = v;
+  if (Array.isArray(out.messages)) out.messages = out.messages.map(withTextContent);
   Object.assign(out, b.extraBody);
   if (b.servedModel !== undefined) out.model = b.servedModel;
   return out;
+}
+
+/**
+ * OpenAI lets an assistant turn that only calls tools have `content: null`; some servers' schemas
+ * (llama-cpp-python's) demand a string and answer 500. The empty text means the same to all.
+ */
+function withTextContent(m: unknown): unknown {
+  if (typeof m !== 'object' || m === null) return m;
+  const msg = m as { role?: unknown; content?: unknown };
+  return msg.role === 'assistant' && (msg.content === null || msg.content === undefined) ? { ...msg, content: '' } : m;
 }
 
 /** The backend URL of a routed path (`/v1/chat/completions`), under the caller's prefix for ours. */
