@@ -29,6 +29,7 @@ import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
 import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
+import { collectBatch } from './rollout-batches.js';
 
 export const TRAINER_FILE = 'trainer.json';
 export const GYM_RESTART_FALLBACK_FILE = 'gym_restart_fallback.json';
@@ -139,7 +140,12 @@ export type TrainBatch = z.infer<typeof TrainBatchSchema>;
 export const TrainStepInputSchema = z.strictObject({
   run: z.string().min(1),
   checkpointDir: z.string().min(1),
-  backendUrl: z.string().min(1),
+  /** The run config's `trainer.kind` (default `tiny_grpo`); `none` collects the batch (rollout-batches.ts). */
+  trainer: z.enum(['tiny_grpo', 'none']).optional(),
+  /** The inference backend to refit (`tiny_grpo`). */
+  backendUrl: z.string().min(1).optional(),
+  /** The Gym run dir, where `none` finds the policy model servers' capture. */
+  gymRunDir: z.string().min(1).optional(),
   /** The version the trainer must hold before this step (the result has expectedVersion + 1). */
   expectedVersion: NonNegInt,
   /** The step this batch produces (the trainer's step + 1). */
@@ -566,9 +572,37 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     return st;
   }
 
+  /** `trainer: none`: the batch goes to the rollout batches file; the version does not move. */
+  async function collectStep(input: TrainStepInput): Promise<TrainStepResult> {
+    const start = Date.now();
+    if (input.gymRunDir === undefined) throw invariantFailure('trainStep (trainer none): gymRunDir is required');
+    const out = await collectBatch({
+      run: input.run,
+      checkpointDir: input.checkpointDir,
+      gymRunDir: input.gymRunDir,
+      step: input.step,
+      policyVersion: input.expectedVersion,
+      batch: input.batch,
+    });
+    const live = input.batch.flatMap((g) => g.siblings).filter((x) => !x.mask);
+    return {
+      version: input.expectedVersion,
+      step: input.step,
+      meanReward: live.length ? live.reduce((a, x) => a + x.reward, 0) / live.length : 0,
+      updatedSituations: [],
+      seconds: (Date.now() - start) / 1000,
+      usedCalls: out.calls,
+      droppedCalls: { notReturned: 0, superseded: 0, otherVersion: 0, unknown: 0 },
+      contributingGroups: 0,
+    };
+  }
+
   async function trainStep(rawInput: TrainStepInput): Promise<TrainStepResult> {
     const input = parseInput(TrainStepInputSchema, rawInput, 'trainStep');
-    const { run, checkpointDir, backendUrl, expectedVersion, step, batch } = input;
+    if (input.trainer === 'none') return collectStep(input);
+    const { run, checkpointDir, expectedVersion, step, batch } = input;
+    if (input.backendUrl === undefined) throw invariantFailure('trainStep (tiny_grpo): backendUrl is required');
+    const backendUrl = input.backendUrl;
     const digest = sha256(canonicalJson({ run, expectedVersion, step, cursor: input.cursor ?? null, batch }));
     return heartbeating({ op: 'trainStep', run, step }, (signal) =>
       withRunLock(run, async () => {

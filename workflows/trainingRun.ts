@@ -258,6 +258,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const control = controlActivities(cfg.run.task_queue);
   const storage = storageActivities(cfg.run.task_queue);
   const trainer = storageActivities(cfg.run.task_queue);
+  // `none` (collect rollouts for an external trainer) keeps no weights: no refit, no anchors. Absent in configs parsed before the setting existed.
+  const trainerKind = cfg.trainer.kind ?? 'tiny_grpo';
+  const ownsWeights = cfg.trainer.enabled && trainerKind === 'tiny_grpo';
   const storageLocal = storageLocalActivities();
   // Absent in configs parsed before the setting existed.
   const gymRecoveryTimeoutS = cfg.controller.gym_recovery_timeout_s ?? 600;
@@ -419,9 +422,9 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
 
   function sendBatch(step: number, version: number, batch: TrainBatch, cursor: number) {
     const url = backendUrl();
-    if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
-    return trainer.trainStep.executeWithOptions({ summary: `GRPO step ${step} (policy v${version} → v${version + 1})` }, [
-      { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, backendUrl: url, expectedVersion: version, step, batch, cursor },
+    if (!url && trainerKind === 'tiny_grpo') throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
+    return trainer.trainStep.executeWithOptions({ summary: trainerKind === 'none' ? `rollout batch of step ${step}` : `GRPO step ${step} (policy v${version} → v${version + 1})` }, [
+      { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, trainer: trainerKind, ...(url ? { backendUrl: url } : {}), gymRunDir: cfg.run.gym_run_dir, expectedVersion: version, step, batch, cursor },
     ]);
   }
 
@@ -481,10 +484,10 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         }
         st.steps = step;
         st.rewardPerStep.push(mean);
-        st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - (cfg.trainer.enabled ? 1 : 0), batch, cursor: st.ledger.cursor });
+        st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - (ownsWeights ? 1 : 0), batch, cursor: st.ledger.cursor });
         log.info('training step', { step, reward: mean, policyVersion: st.trainerVersion });
         await upsertMemo({ steps: st.steps, policyVersion: st.trainerVersion });
-        if (cfg.trainer.enabled && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
+        if (ownsWeights && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
           await saveTrainerAnchor(step);
         }
       }
@@ -732,7 +735,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (wasRelease) throw new Error('unreachable: a released pending snapshot returns its outcome');
       // The abort went through: continue with a new attempt.
     }
-    if (cfg.trainer.enabled && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
+    if (ownsWeights && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
       // A snapshot binds to a durable trainer anchor of the current step (controller.md §2.1).
       return skipped('missing_trainer_anchor', trigger);
     }
@@ -1079,7 +1082,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   async function coldStart(topology: GymTopology): Promise<boolean> {
     const checkpointDir = cfg.run.checkpoint_dir;
     const refuse = (message: string): ApplicationFailure => ApplicationFailure.nonRetryable(`restore_mode latest: ${message}`, 'invalid_restore');
-    const anchor = cfg.trainer.enabled ? await trainer.latestTrainerAnchor({ checkpointDir }) : null;
+    const anchor = ownsWeights ? await trainer.latestTrainerAnchor({ checkpointDir }) : null;
     const snap = await storage.latestSnapshot({ checkpointDir, fingerprint: topology.fingerprint, ...(anchor ? { anchor: anchor.anchor } : {}) });
     let ledger: unknown;
     let step: number;
