@@ -76,9 +76,10 @@ export const RunConfigSchema = z.strictObject({
          * `tiny_grpo`: a GRPO step of the tiny policy per batch, trainer anchors, a refit of the
          * inference backend. `none`: no training, no refit, no anchors: each step's batch is
          * appended to `<checkpoint_dir>/rollout_batches.jsonl` for an external trainer
-         * (activities/rollout-batches.ts; docs/controller.md "The trainer role").
+         * (activities/rollout-batches.ts). `external`: a trainer of its own (NeMo RL, verl) plays
+         * the trainer role through activities it registers (activities/trainer-role.ts).
          */
-        kind: z.enum(['tiny_grpo', 'none']).default('tiny_grpo'),
+        kind: z.enum(['tiny_grpo', 'none', 'external']).default('tiny_grpo'),
         /** Call the trainer at all (off: steps only count groups). */
         enabled: z.boolean().default(true),
       }),

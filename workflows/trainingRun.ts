@@ -260,7 +260,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   const trainer = storageActivities(cfg.run.task_queue);
   // `none` (collect rollouts for an external trainer) keeps no weights: no refit, no anchors. Absent in configs parsed before the setting existed.
   const trainerKind = cfg.trainer.kind ?? 'tiny_grpo';
-  const ownsWeights = cfg.trainer.enabled && trainerKind === 'tiny_grpo';
+  const ownsWeights = cfg.trainer.enabled && trainerKind !== 'none';
   const storageLocal = storageLocalActivities();
   // Absent in configs parsed before the setting existed.
   const gymRecoveryTimeoutS = cfg.controller.gym_recovery_timeout_s ?? 600;
@@ -423,7 +423,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   function sendBatch(step: number, version: number, batch: TrainBatch, cursor: number) {
     const url = backendUrl();
     if (!url && trainerKind === 'tiny_grpo') throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
-    return trainer.trainStep.executeWithOptions({ summary: trainerKind === 'none' ? `rollout batch of step ${step}` : `GRPO step ${step} (policy v${version} → v${version + 1})` }, [
+    return trainer.trainStep.executeWithOptions({ summary: trainerKind === 'none' ? `rollout batch of step ${step}` : `${trainerKind === 'tiny_grpo' ? 'GRPO' : 'training'} step ${step} (policy v${version} → v${version + 1})` }, [
       { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, trainer: trainerKind, ...(url ? { backendUrl: url } : {}), gymRunDir: cfg.run.gym_run_dir, expectedVersion: version, step, batch, cursor },
     ]);
   }
@@ -1114,8 +1114,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     }
     if (anchor) {
       const url = backendUrl();
-      if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
-      const r = await trainer.restoreTrainer({ run: cfg.run.name, checkpointDir, backendUrl: url, anchor: anchor.anchor, adopt: true });
+      if (!url && trainerKind === 'tiny_grpo') throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
+      const r = await trainer.restoreTrainer({ run: cfg.run.name, checkpointDir, ...(url ? { backendUrl: url } : {}), anchor: anchor.anchor, adopt: true });
       version = r.version;
       st.lastAnchorStep = anchor.step;
     }
