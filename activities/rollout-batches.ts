@@ -26,12 +26,11 @@
 // step began (and a torn last line of a crash), so the file holds each step once, as last collected.
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { ApplicationFailure } from '@temporalio/common';
 import { parse as parseYaml } from 'yaml';
 import { z } from 'zod';
 import { CaptureKeySchema } from '../protocol/ids.js';
 import { readLedgerRows, readStagedTokens, type StagedTokens } from '../servers/model/token-store.js';
-import { heartbeating, invariantFailure, storageFailure } from './activity-context.js';
+import { heartbeating, invariantFailure, withStorageFailure as storage } from './activity-context.js';
 import { fsyncPath } from './durable-files.js';
 
 export const ROLLOUT_BATCHES_FILE = 'rollout_batches.jsonl';
@@ -212,16 +211,6 @@ export async function collectBatch(raw: CollectBatchInput): Promise<CollectedBat
     });
     return { file, lines: lines.length, calls, tokenCalls, textCalls: calls - tokenCalls };
   });
-}
-
-/** ApplicationFailures pass through; anything else is a retryable storage failure. */
-async function storage<T>(context: string, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    if (err instanceof ApplicationFailure) throw err;
-    throw storageFailure(context, err);
-  }
 }
 
 /** Reads the file back (tests, tools): every line, parsed. */

@@ -24,7 +24,7 @@ import { z } from 'zod';
 import { packJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
-import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
+import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorageFailure, type ActivityLog } from './activity-context.js';
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
 import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
@@ -181,15 +181,7 @@ async function ensureAnchorDir(checkpointDir: string, anchor: string): Promise<s
   return dir;
 }
 
-/** ApplicationFailures pass through; anything else is a retryable storage failure. */
-async function storage<T>(context: string, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    if (err instanceof ApplicationFailure) throw err;
-    throw storageFailure(context, err);
-  }
-}
+const storage = withStorageFailure;
 
 // --- trainer anchors ----------------------------------------------------------------------------
 
