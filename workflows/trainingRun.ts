@@ -484,7 +484,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         }
         st.steps = step;
         st.rewardPerStep.push(mean);
-        st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - (ownsWeights ? 1 : 0), batch, cursor: st.ledger.cursor });
+        // Kept to re-send to a trainer that lost its state; one that keeps none is never re-sent anything.
+        if (ownsWeights) st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - 1, batch, cursor: st.ledger.cursor });
         log.info('training step', { step, reward: mean, policyVersion: st.trainerVersion });
         await upsertMemo({ steps: st.steps, policyVersion: st.trainerVersion });
         if (ownsWeights && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {

@@ -120,9 +120,9 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     const url = g().url('policy_model');
     const body = { model: 'policy', messages: [{ role: 'user', content: 'Say hello.' }], stream: true, max_tokens: 8, temperature: 0 };
     const r = await fetch(`${url}/ng-rollout/llama-stream/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-    expect(r.status).toBe(200);
-    expect(r.headers.get('content-type')).toContain('text/event-stream');
     const text = await r.text();
+    expect(r.status, `${text}\n${llama!.output.slice(-20).join('\n')}`).toBe(200);
+    expect(r.headers.get('content-type')).toContain('text/event-stream');
     const events = text.split('\n\n').filter((e) => e.startsWith('data: '));
     expect(events.length).toBeGreaterThan(1);
     expect(events.at(-1)).toBe('data: [DONE]');
