@@ -16,7 +16,7 @@
 // `backend_rejected` with the backend's status (the caller's error). Our own backend's replies are
 // relayed as they are: its refusals already carry our envelope.
 import type { IncomingHttpHeaders } from 'node:http';
-import { errors as undiciErrors, request } from 'undici';
+import { Agent, errors as undiciErrors, request, type Dispatcher } from 'undici';
 import { ProtocolError, refuse } from '../../protocol/errors.js';
 import { rolloutPath, type CaptureKey } from '../../protocol/ids.js';
 import { ConfigError } from '../common/config-error.js';
@@ -115,6 +115,25 @@ export interface Upstream {
   body: AsyncIterable<Uint8Array> & NodeJS.ReadableStream;
 }
 
+/**
+ * Third-party servers (uvicorn, gunicorn, most proxies) drop an idle connection after ~5 s without
+ * saying so in a Keep-Alive header, and a call sent on it as it closes fails ("other side closed").
+ * Their own pool keeps idle sockets for less than that.
+ */
+let thirdPartyPool: Agent | undefined;
+
+function poolOf(b: Backend): Dispatcher {
+  if (b.api === 'ng') return dataAgent();
+  thirdPartyPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 2_000, keepAliveMaxTimeout: 2_000 });
+  return thirdPartyPool;
+}
+
+export async function closeThirdPartyPool(): Promise<void> {
+  const p = thirdPartyPool;
+  thirdPartyPool = undefined;
+  await p?.close();
+}
+
 /** Sends one call; a failure to get an answer throws a typed error (or the abort reason). */
 export async function callBackend(
   b: Backend,
@@ -132,7 +151,7 @@ export async function callBackend(
       headers,
       body: init.body !== undefined ? JSON.stringify(init.body) : undefined,
       signal: init.signal,
-      dispatcher: dataAgent(),
+      dispatcher: poolOf(b),
       ...(b.timeoutMs !== undefined ? { headersTimeout: b.timeoutMs, bodyTimeout: b.timeoutMs } : {}),
     });
     return { status: res.statusCode, headers: res.headers, body: res.body };

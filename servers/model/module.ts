@@ -14,7 +14,7 @@ import { registerCaptureRoutes } from './capture-routes.js';
 import { closeCutPool } from './cut-client.js';
 import { OPEN_GATE } from './gate.js';
 import { ModelParticipant } from './participant.js';
-import { resolveBackend } from './backend.js';
+import { closeThirdPartyPool, resolveBackend } from './backend.js';
 import { registerModelProxy } from './proxy.js';
 
 export const PolicyModelOptionsSchema = z
@@ -97,6 +97,7 @@ export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelO
     configKey: `servers.${ctx.name}.options`,
   });
   const app = createGymApp({ name: ctx.name, kind: 'model', logLevel: ctx.logLevel });
+  app.addHook('onClose', async () => closeThirdPartyPool());
   if (!options.checkpoint_policy || !ctx.checkpoint.enabled) {
     registerModelProxy(app, { backend, gate: OPEN_GATE });
     return { app, participant: undefined };

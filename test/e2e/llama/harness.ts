@@ -53,7 +53,8 @@ export async function startLlama(opts: { apiKey?: string } = {}): Promise<LlamaS
 
 function probe(url: string, key: string | undefined): Promise<number | undefined> {
   return new Promise((resolve) => {
-    const req = httpRequest(url, { headers: key ? { authorization: `Bearer ${key}` } : {} }, (res) => {
+    // A connection of its own: uvicorn drops idle ones after 5 s, and a reused one may be closing.
+    const req = httpRequest(url, { agent: false, headers: key ? { authorization: `Bearer ${key}` } : {} }, (res) => {
       res.resume();
       resolve(res.statusCode);
     });
@@ -160,7 +161,7 @@ export class RecordingProxy {
       }
     }
     const headers = { ...req.headers, host: new URL(this.target).host, 'content-length': String(raw.length) };
-    const up = httpRequest(`${this.target}${req.url}`, { method: req.method, headers }, (r) => {
+    const up = httpRequest(`${this.target}${req.url}`, { method: req.method, headers: { ...headers, connection: 'close' }, agent: false }, (r) => {
       call.status = r.statusCode;
       res.writeHead(r.statusCode ?? 502, r.headers);
       r.pipe(res);
