@@ -92,6 +92,16 @@ export function storageFailure(context: string, err: unknown): ApplicationFailur
   });
 }
 
+/** Runs `fn`: ApplicationFailures pass through; anything else is a retryable storage failure. */
+export async function withStorageFailure<T>(context: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof ApplicationFailure) throw err;
+    throw storageFailure(context, err);
+  }
+}
+
 export function clipMessage(s: string): string {
   return clip(s, MAX_MESSAGE);
 }

@@ -24,11 +24,12 @@ import { z } from 'zod';
 import { packJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
-import { clip, errorMessage, heartbeating, invariantFailure, logger, storageFailure, type ActivityLog } from './activity-context.js';
+import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorageFailure, type ActivityLog } from './activity-context.js';
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
 import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
+import { collectBatch } from './rollout-batches.js';
 
 export const TRAINER_FILE = 'trainer.json';
 export const GYM_RESTART_FALLBACK_FILE = 'gym_restart_fallback.json';
@@ -139,7 +140,12 @@ export type TrainBatch = z.infer<typeof TrainBatchSchema>;
 export const TrainStepInputSchema = z.strictObject({
   run: z.string().min(1),
   checkpointDir: z.string().min(1),
-  backendUrl: z.string().min(1),
+  /** The run config's `trainer.kind` (default `tiny_grpo`); `none` collects the batch (rollout-batches.ts). */
+  trainer: z.enum(['tiny_grpo', 'none', 'external']).optional(),
+  /** The inference backend to refit (`tiny_grpo`). */
+  backendUrl: z.string().min(1).optional(),
+  /** The Gym run dir, where `none` finds the policy model servers' capture. */
+  gymRunDir: z.string().min(1).optional(),
   /** The version the trainer must hold before this step (the result has expectedVersion + 1). */
   expectedVersion: NonNegInt,
   /** The step this batch produces (the trainer's step + 1). */
@@ -175,15 +181,7 @@ async function ensureAnchorDir(checkpointDir: string, anchor: string): Promise<s
   return dir;
 }
 
-/** ApplicationFailures pass through; anything else is a retryable storage failure. */
-async function storage<T>(context: string, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    if (err instanceof ApplicationFailure) throw err;
-    throw storageFailure(context, err);
-  }
-}
+const storage = withStorageFailure;
 
 // --- trainer anchors ----------------------------------------------------------------------------
 
@@ -519,7 +517,8 @@ export const GymRestartFallbackSchema = z.strictObject({
 export interface RestoreTrainerInput {
   run: string;
   checkpointDir: string;
-  backendUrl: string;
+  /** The inference backend to refit; the workflow leaves it out when the deployment has none (an external trainer refits its own). */
+  backendUrl?: string;
   /** `step_<N>` or `bootstrap` (initial weights); default the newest valid anchor. */
   anchor?: string;
   /** A new run taking over an anchor another run wrote (a cold `restore_mode: latest` start). */
@@ -533,6 +532,39 @@ export interface RestoredTrainer {
   /** `step_<N>`, or `bootstrap` for the initial weights. */
   anchor: string;
   skipped: SkippedAnchor[];
+}
+
+function markerPath(checkpointDir: string, step: number): string {
+  return path.join(checkpointDir, stepAnchor(step), GYM_RESTART_FALLBACK_FILE);
+}
+
+async function writeMarkerFile(
+  checkpointDir: string,
+  step: number,
+  trainerVersion: number,
+  topologyFingerprint: string,
+  ledger: Record<string, unknown>,
+): Promise<{ path: string }> {
+  const file = markerPath(checkpointDir, step);
+  const marker: GymRestartFallback = {
+    schema_version: GYM_RESTART_FALLBACK_SCHEMA_VERSION,
+    base_train_step: step,
+    trainer_version: trainerVersion,
+    gym_topology_fingerprint: topologyFingerprint,
+    ledger,
+  };
+  await writeFileDurably(file, `${JSON.stringify(sortKeysDeep(marker), null, 1)}\n`);
+  return { path: file };
+}
+
+/**
+ * For a trainer of its own (activities/trainer-role.ts): writes the Gym-restart fallback marker
+ * of `saveTrainerCheckpoint`'s input, once that trainer's anchor of the step is durable.
+ */
+export async function writeGymRestartFallbackMarker(input: SaveTrainerCheckpointInput & { trainerVersion: number }): Promise<{ path: string } | null> {
+  const f = input.gymRestartFallback;
+  if (!f) return null;
+  return writeMarkerFile(input.checkpointDir, input.step, input.trainerVersion, f.topologyFingerprint, unpacked(f.ledger) as Record<string, unknown>);
 }
 
 export function createTrainerActivities(deps: TrainerDeps = {}) {
@@ -566,9 +598,42 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     return st;
   }
 
+  /** `trainer: external` reached this worker's own trainer: the external one's activities are not registered. */
+  const notExternal = (): ApplicationFailure =>
+    invariantFailure('trainer external: this worker runs the tiny_grpo trainer; the external trainer must register the trainer role activities (activities/trainer-role.ts) on the run\'s task queue');
+
+  /** `trainer: none`: the batch goes to the rollout batches file; the version does not move. */
+  async function collectStep(input: TrainStepInput): Promise<TrainStepResult> {
+    const start = Date.now();
+    if (input.gymRunDir === undefined) throw invariantFailure('trainStep (trainer none): gymRunDir is required');
+    const out = await collectBatch({
+      run: input.run,
+      checkpointDir: input.checkpointDir,
+      gymRunDir: input.gymRunDir,
+      step: input.step,
+      policyVersion: input.expectedVersion,
+      batch: input.batch,
+    });
+    const live = input.batch.flatMap((g) => g.siblings).filter((x) => !x.mask);
+    return {
+      version: input.expectedVersion,
+      step: input.step,
+      meanReward: live.length ? live.reduce((a, x) => a + x.reward, 0) / live.length : 0,
+      updatedSituations: [],
+      seconds: (Date.now() - start) / 1000,
+      usedCalls: out.calls,
+      droppedCalls: { notReturned: 0, superseded: 0, otherVersion: 0, unknown: 0 },
+      contributingGroups: 0,
+    };
+  }
+
   async function trainStep(rawInput: TrainStepInput): Promise<TrainStepResult> {
     const input = parseInput(TrainStepInputSchema, rawInput, 'trainStep');
-    const { run, checkpointDir, backendUrl, expectedVersion, step, batch } = input;
+    if (input.trainer === 'none') return collectStep(input);
+    if (input.trainer === 'external') throw notExternal();
+    const { run, checkpointDir, expectedVersion, step, batch } = input;
+    if (input.backendUrl === undefined) throw invariantFailure('trainStep (tiny_grpo): backendUrl is required');
+    const backendUrl = input.backendUrl;
     const digest = sha256(canonicalJson({ run, expectedVersion, step, cursor: input.cursor ?? null, batch }));
     return heartbeating({ op: 'trainStep', run, step }, (signal) =>
       withRunLock(run, async () => {
@@ -725,29 +790,6 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     });
   }
 
-  function markerPath(checkpointDir: string, step: number): string {
-    return path.join(checkpointDir, stepAnchor(step), GYM_RESTART_FALLBACK_FILE);
-  }
-
-  async function writeMarkerFile(
-    checkpointDir: string,
-    step: number,
-    trainerVersion: number,
-    topologyFingerprint: string,
-    ledger: Record<string, unknown>,
-  ): Promise<{ path: string }> {
-    const file = markerPath(checkpointDir, step);
-    const marker: GymRestartFallback = {
-      schema_version: GYM_RESTART_FALLBACK_SCHEMA_VERSION,
-      base_train_step: step,
-      trainer_version: trainerVersion,
-      gym_topology_fingerprint: topologyFingerprint,
-      ledger,
-    };
-    await writeFileDurably(file, `${JSON.stringify(sortKeysDeep(marker), null, 1)}\n`);
-    return { path: file };
-  }
-
   async function readGymRestartFallback(input: { checkpointDir: string; anchor: string }): Promise<GymRestartFallback | null> {
     const file = path.join(input.checkpointDir, input.anchor, GYM_RESTART_FALLBACK_FILE);
     return storage(`reading ${file}`, async () => {
@@ -767,13 +809,14 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
       z.strictObject({
         run: z.string().min(1),
         checkpointDir: z.string().min(1),
-        backendUrl: z.string().min(1),
+        backendUrl: z.string().min(1).optional(),
         anchor: z.string().min(1).optional(),
         adopt: z.boolean().optional(),
       }),
       input,
       'restoreTrainer',
     );
+    if (backendUrl === undefined) throw invariantFailure('restoreTrainer (tiny_grpo): backendUrl is required');
     return heartbeating({ op: 'restoreTrainer', run }, (signal) =>
       withRunLock(run, async () => {
         let st: TrainerState;

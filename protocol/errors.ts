@@ -1,33 +1,50 @@
-// The one place an error code and its HTTP status are defined (control-plane.md §7).
+// The one place an error code, its HTTP status and whether it is retryable are defined
+// (control-plane.md §7).
 // A refusal is data: a stable `code`, free `detail`, and the status the code implies.
 
-export const ERROR_STATUS = {
-  unauthorized: 401,
-  stale_checkpoint: 409,
-  checkpoint_conflict: 409,
-  invalid_phase: 409,
-  deadline_exceeded: 409,
-  restart_in_scope: 409,
-  export_failed: 409,
-  invalid_checkpoint_state: 422,
-  stale_attempt: 409,
-  admission_closed: 409,
-  rollout_id_required: 400,
-  invalid_rollout_id: 400,
-  activation_out_of_order: 409,
-  retire_incomplete: 409,
-  checkpoint_error: 409,
-  checkpoint_coordinator_unavailable: 503,
+/**
+ * Every code: its HTTP status, and whether the same request may succeed when sent again (a busy
+ * or unreachable peer, a checkpoint in the way) or never will (the request itself is wrong).
+ */
+export const ERRORS = {
+  unauthorized: { status: 401, retryable: false },
+  stale_checkpoint: { status: 409, retryable: false },
+  checkpoint_conflict: { status: 409, retryable: false },
+  invalid_phase: { status: 409, retryable: false },
+  deadline_exceeded: { status: 409, retryable: true },
+  restart_in_scope: { status: 409, retryable: false },
+  export_failed: { status: 409, retryable: false },
+  invalid_checkpoint_state: { status: 422, retryable: false },
+  stale_attempt: { status: 409, retryable: false },
+  admission_closed: { status: 409, retryable: true },
+  rollout_id_required: { status: 400, retryable: false },
+  invalid_rollout_id: { status: 400, retryable: false },
+  activation_out_of_order: { status: 409, retryable: false },
+  retire_incomplete: { status: 409, retryable: false },
+  checkpoint_error: { status: 409, retryable: false },
+  checkpoint_coordinator_unavailable: { status: 503, retryable: true },
   // Ours: a caller expected another process instance (the server restarted fresh since).
-  instance_mismatch: 409,
+  instance_mismatch: { status: 409, retryable: false },
   // Not Gym codes: data-plane input that fails its schema, and an unknown route.
-  invalid_request: 400,
-  not_found: 404,
-} as const;
+  invalid_request: { status: 400, retryable: false },
+  not_found: { status: 404, retryable: false },
+  // The policy model server's backend (servers/model/backend.ts): no answer, a reset or a 5xx; no
+  // answer in time; a 4xx, which is the caller's error (sent with the backend's own status).
+  backend_unavailable: { status: 502, retryable: true },
+  backend_timeout: { status: 504, retryable: true },
+  backend_rejected: { status: 400, retryable: false },
+} as const satisfies Record<string, { status: number; retryable: boolean }>;
 
-export type ErrorCode = keyof typeof ERROR_STATUS;
+export type ErrorCode = keyof typeof ERRORS;
 
-export const ERROR_CODES = Object.keys(ERROR_STATUS) as ErrorCode[];
+export const ERROR_STATUS = Object.fromEntries(Object.entries(ERRORS).map(([code, e]) => [code, e.status])) as { [C in ErrorCode]: (typeof ERRORS)[C]['status'] };
+
+/** Whether a refusal with this code may succeed when sent again; unknown codes are not. */
+export function isRetryableCode(code: string): boolean {
+  return (ERRORS as Record<string, { retryable: boolean }>)[code]?.retryable ?? false;
+}
+
+export const ERROR_CODES = Object.keys(ERRORS) as ErrorCode[];
 
 export interface ErrorEnvelope {
   error: { code: string; detail: string };

@@ -68,11 +68,23 @@ export const RunConfigSchema = z.strictObject({
     })
     .default({ enabled: true, save_period: 1 }),
   trainer: z
-    .strictObject({
-      /** Run a GRPO step per batch and refit the inference backend (off: steps only count groups). */
-      enabled: z.boolean().default(true),
-    })
-    .default({ enabled: true }),
+    .preprocess(
+      // `trainer: none` is short for `trainer: { kind: none }`.
+      (v) => (typeof v === 'string' ? { kind: v } : v),
+      z.strictObject({
+        /**
+         * `tiny_grpo`: a GRPO step of the tiny policy per batch, trainer anchors, a refit of the
+         * inference backend. `none`: no training, no refit, no anchors: each step's batch is
+         * appended to `<checkpoint_dir>/rollout_batches.jsonl` for an external trainer
+         * (activities/rollout-batches.ts). `external`: a trainer of its own (NeMo RL, verl) plays
+         * the trainer role through activities it registers (activities/trainer-role.ts).
+         */
+        kind: z.enum(['tiny_grpo', 'none', 'external']).default('tiny_grpo'),
+        /** Call the trainer at all (off: steps only count groups). */
+        enabled: z.boolean().default(true),
+      }),
+    )
+    .default({ kind: 'tiny_grpo', enabled: true }),
   rollout_recovery: z
     .strictObject({
       target_level: TargetLevelSchema.default('turn'),

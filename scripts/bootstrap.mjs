@@ -1,12 +1,15 @@
 #!/usr/bin/env node
-// Idempotent set-up for a fresh checkout: npm dependencies and the two pinned Temporal binaries.
+// Idempotent set-up for a fresh checkout: npm dependencies, the two pinned Temporal binaries, and
+// the llama.cpp server of the tests (built in the background: only what uses it waits for it).
 // Plain Node with builtins only, because it runs before node_modules exists.
-// Writes .tools/temporal.json (read through scripts/temporal-paths.mjs).
+// Writes .tools/temporal.json (read through scripts/temporal-paths.mjs) and starts
+// scripts/llama-build.mjs (state in .tools/llama.json, read through scripts/llama-paths.mjs).
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { accessSync, constants, existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { delimiter, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { llamaPaths, startLlamaBuild } from './llama-paths.mjs';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const toolsDir = join(root, '.tools');
@@ -225,9 +228,18 @@ function ensureTemporal() {
   renameSync(tmp, resolvedFile);
 }
 
+// f. The llama.cpp server: a compile of several minutes, so it runs detached and this returns.
+function ensureLlama() {
+  const state = startLlamaBuild();
+  const { logFile } = llamaPaths();
+  if (state === 'started') log(`building the llama.cpp server in the background (log: ${logFile}); only the llama.cpp tests wait for it`);
+  else if (state === 'building') log(`the llama.cpp server build is still running (log: ${logFile})`);
+}
+
 try {
   ensureNodeModules();
   ensureTemporal();
+  ensureLlama();
 } catch (err) {
   if (!(err instanceof BootstrapError)) throw err;
   log(err.message);

@@ -98,9 +98,29 @@ export interface ModelTurn {
   record: Record<string, unknown>;
 }
 
+/**
+ * Tool calls as real models write them: arguments as an object instead of JSON text, no `id`, no
+ * `type`. Normalized before the schema so such a turn is a turn, not a failed call; arguments that
+ * are not valid JSON stay as they are and reach the tool as an error output (peers.ts).
+ */
+function withToolCallsNormalized(raw: unknown, step: number): unknown {
+  if (!isObject(raw) || !Array.isArray(raw.choices)) return raw;
+  const choices = raw.choices.map((c) => {
+    if (!isObject(c) || !isObject(c.message) || !Array.isArray(c.message.tool_calls)) return c;
+    const calls = c.message.tool_calls.map((t, i) => {
+      if (!isObject(t)) return t;
+      const fn = isObject(t.function) ? t.function : {};
+      const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments ?? {});
+      return { ...t, id: typeof t.id === 'string' && t.id ? t.id : `call_${step}_${i}`, type: 'function', function: { ...fn, name: typeof fn.name === 'string' ? fn.name : '', arguments: args } };
+    });
+    return { ...c, message: { ...c.message, tool_calls: calls } };
+  });
+  return { ...raw, choices };
+}
+
 /** Parses a chat completion (choice 0) into Responses-style items. */
 export function fromChatCompletion(raw: unknown, step: number): ModelTurn {
-  const parsed = ChatCompletionSchema.safeParse(raw);
+  const parsed = ChatCompletionSchema.safeParse(withToolCallsNormalized(raw, step));
   if (!parsed.success) throw new Error(`model reply is not a chat completion: ${parsed.error.issues[0]?.message ?? 'invalid'}`);
   const reply: ChatCompletion = parsed.data;
   const choice = reply.choices.find((c) => c.index === 0) ?? reply.choices[0]!;

@@ -50,7 +50,12 @@ export interface ModelCall {
 
 export function chatBody(call: Pick<ModelCall, 'messages' | 'tools' | 'params'>): Record<string, unknown> {
   const body: Record<string, unknown> = { model: POLICY_MODEL_NAME, messages: call.messages };
-  if (call.tools.length) body.tools = call.tools;
+  if (call.tools.length) {
+    body.tools = call.tools;
+    // Said explicitly: some OpenAI-compatible servers (llama.cpp) offer no tool call without it.
+    const choice = call.params.tool_choice ?? 'auto';
+    body.tool_choice = typeof choice === 'string' ? choice : { type: 'function', function: { name: choice.name } };
+  }
   if (call.params.temperature != null) body.temperature = call.params.temperature;
   if (call.params.top_p != null) body.top_p = call.params.top_p;
   if (call.params.max_output_tokens != null) body.max_tokens = call.params.max_output_tokens;
@@ -70,6 +75,7 @@ export async function callModel(call: ModelCall): Promise<ModelTurn & { cookies:
     throw new UpstreamError('model_error', `model call failed: ${(err as Error).message}`);
   }
   if (reply.status < 200 || reply.status >= 300) {
+    if (errorCodeOf(reply.body) === 'backend_rejected' && REJECTED_TURN_STATUSES.has(reply.status)) return { ...rejectedTurn(reply.status, reply.body, call.step), cookies: reply.cookies };
     throw passOn(reply.status, reply.body) ?? new UpstreamError('model_error', `model server answered HTTP ${reply.status}: ${brief(reply.body)}`);
   }
   try {
@@ -77,6 +83,25 @@ export async function callModel(call: ModelCall): Promise<ModelTurn & { cookies:
   } catch (err) {
     throw new UpstreamError('model_error', (err as Error).message);
   }
+}
+
+/**
+ * The backend refused the request itself (a conversation longer than its context, arguments it
+ * cannot take): the episode cannot go on, and ends with this outcome for the environment to score.
+ * Other refusals (a wrong key, an unknown model) are the deployment's, and fail the activation.
+ */
+const REJECTED_TURN_STATUSES = new Set([400, 413, 422]);
+
+function rejectedTurn(status: number, body: unknown, step: number): ModelTurn {
+  const detail = (body as { error?: { detail?: unknown } }).error?.detail;
+  const incomplete = { reason: 'model_rejected' };
+  return {
+    items: [],
+    usage: null,
+    incomplete,
+    response: { id: `rejected_${step}`, object: 'response', output: [], usage: null, incomplete_details: incomplete },
+    record: { step, status, error: typeof detail === 'string' ? detail : 'the backend rejected the call' },
+  };
 }
 
 const ROLLOUT_SUFFIX = /\/ng-rollout\/[A-Za-z0-9][A-Za-z0-9._-]*\/?$/;

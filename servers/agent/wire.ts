@@ -50,6 +50,11 @@ export const ActivationBodySchema = z.looseObject({
   temperature: z.number().nullable().optional(),
   top_p: z.number().nullable().optional(),
   max_output_tokens: z.number().int().positive().nullable().optional(),
+  /** Responses-style: `auto` (what the agent sends when absent and there are tools), `none`, `required`, or `{type: "function", name}`. */
+  tool_choice: z
+    .union([z.enum(['auto', 'none', 'required']), z.looseObject({ type: z.literal('function'), name: z.string().min(1) })])
+    .nullable()
+    .optional(),
 });
 export type ActivationBody = z.infer<typeof ActivationBodySchema>;
 

@@ -25,6 +25,13 @@ export interface ResponseStart {
   events?: unknown[];
 }
 
+/** The assistant message of a reply (its text and tool calls), as the caller received it. */
+export interface CompletionMessage {
+  role: 'assistant';
+  content: string | null;
+  tool_calls?: Record<string, unknown>[];
+}
+
 /** The token ids and logprobs of a finished reply (for the token store). */
 export interface ReplyTokens {
   responseId: string | null;
@@ -32,6 +39,8 @@ export interface ReplyTokens {
   promptTokenIds: number[] | null;
   completionTokenIds: number[] | null;
   completionLogprobs: number[] | null;
+  /** Null (or absent) when the reply had no message (not a chat completion). */
+  completionMessage?: CompletionMessage | null;
   finishReason: string | null;
   /** False when a stream ended before its `[DONE]`/finish reason. */
   complete: boolean;

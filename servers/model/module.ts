@@ -1,7 +1,8 @@
 // The policy model server (kind `model`, type `policy_model`): an OpenAI-compatible front of one
-// inference backend. With `checkpoint_policy` (and the global `checkpoint.enabled`) it is the
-// checkpoint participant of kind `model` (participant.ts): admission gate, held responses, capture
-// ledger and token store, generation cuts. Otherwise every call passes the open gate.
+// backend — ours (`backend`: an inference server of the deployment) or any OpenAI-compatible server
+// (`backend_url`; backend.ts). With `checkpoint_policy` (and the global `checkpoint.enabled`) it is
+// the checkpoint participant of kind `model` (participant.ts): admission gate, held responses,
+// capture ledger and token store, generation cuts. Otherwise every call passes the open gate.
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
@@ -13,7 +14,8 @@ import { registerCaptureRoutes } from './capture-routes.js';
 import { closeCutPool } from './cut-client.js';
 import { OPEN_GATE } from './gate.js';
 import { ModelParticipant } from './participant.js';
-import { backendRootOf, registerModelProxy } from './proxy.js';
+import { closeThirdPartyPool, resolveBackend } from './backend.js';
+import { registerModelProxy } from './proxy.js';
 
 export const PolicyModelOptionsSchema = z
   .strictObject({
@@ -21,6 +23,19 @@ export const PolicyModelOptionsSchema = z
     backend: z.string().min(1).optional(),
     /** Or the URL of any OpenAI-compatible backend (a trailing `/v1` is allowed). */
     backend_url: z.url({ protocol: /^https?$/ }).optional(),
+    /**
+     * `ng` (default): our backend, which reads our request extensions; `openai`: a third-party
+     * OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API), which gets plain OpenAI calls.
+     */
+    backend_api: z.enum(['ng', 'openai']).optional(),
+    /** Name of the environment variable holding the backend's API key (sent as a bearer token). */
+    api_key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+    /** The backend's name of the model (the request's `model`); required with `backend_api: openai`. */
+    served_model: z.string().min(1).optional(),
+    /** Fields merged into every generation request to a third-party backend (e.g. `{return_token_ids: true}` for vLLM). */
+    extra_body: z.record(z.string(), z.unknown()).optional(),
+    /** Bound on the backend's answer and on each streamed chunk; null: none. Default: none for ours, 600 for openai. */
+    request_timeout_s: z.number().positive().finite().nullable().optional(),
     /** Be the checkpoint participant of kind `model` (only with the global checkpoint.enabled). */
     checkpoint_policy: z.boolean().default(false),
     /** Cut generations still running at prepare (§5.6); needs checkpoint_policy. */
@@ -38,6 +53,16 @@ export const PolicyModelOptionsSchema = z
     }
     if (o.checkpoint_generation_cuts && !o.checkpoint_policy) {
       ctx.addIssue({ code: 'custom', path: ['checkpoint_generation_cuts'], message: 'requires checkpoint_policy: true' });
+    }
+    const api = o.backend_api ?? 'ng';
+    if (o.checkpoint_generation_cuts && api !== 'ng') {
+      ctx.addIssue({ code: 'custom', path: ['checkpoint_generation_cuts'], message: 'needs a backend that continues a generation from a token prefix (backend_api: ng); an OpenAI-compatible server cannot' });
+    }
+    if (api === 'openai' && o.served_model === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['served_model'], message: "required with backend_api: openai (the backend's name of the model)" });
+    }
+    if (api === 'ng' && o.extra_body !== undefined) {
+      ctx.addIssue({ code: 'custom', path: ['extra_body'], message: 'only for backend_api: openai' });
     }
   });
 export type PolicyModelOptions = z.infer<typeof PolicyModelOptionsSchema>;
@@ -61,18 +86,28 @@ export interface PolicyModelServer {
 }
 
 export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelOptions): Promise<PolicyModelServer> {
-  const backend = options.backend !== undefined ? peerUrl(ctx, options.backend, 'backend', 'inference') : options.backend_url!;
-  const backendRoot = backendRootOf(backend);
+  const url = options.backend !== undefined ? peerUrl(ctx, options.backend, 'backend', 'inference') : options.backend_url!;
+  const backend = resolveBackend({
+    api: options.backend_api ?? 'ng',
+    url,
+    apiKeyEnv: options.api_key_env,
+    servedModel: options.served_model,
+    extraBody: options.extra_body,
+    requestTimeoutS: options.request_timeout_s,
+    configKey: `servers.${ctx.name}.options`,
+  });
   const app = createGymApp({ name: ctx.name, kind: 'model', logLevel: ctx.logLevel });
+  app.addHook('onClose', async () => closeThirdPartyPool());
   if (!options.checkpoint_policy || !ctx.checkpoint.enabled) {
-    registerModelProxy(app, { backendRoot, gate: OPEN_GATE });
+    registerModelProxy(app, { backend, gate: OPEN_GATE });
     return { app, participant: undefined };
   }
   const participant = await ModelParticipant.create({
     serverName: ctx.name,
     captureDir: captureDirOf(ctx, options),
     generationCuts: options.checkpoint_generation_cuts,
-    backendRoot,
+    backendApi: backend.api,
+    backendRoot: backend.root,
     controlToken: ctx.checkpoint.control_auth_token ?? undefined,
     log: (msg, err) => app.log.warn({ err }, msg),
   });
@@ -88,7 +123,7 @@ export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelO
       /* the control route answers the malformed body */
     }
   });
-  registerModelProxy(app, { backendRoot, gate: participant });
+  registerModelProxy(app, { backend, gate: participant });
   const plane = await mountParticipant(app, ctx, participant.hooks);
   if (plane) participant.attach(plane);
   registerCaptureRoutes(app, { participant, token: ctx.checkpoint.control_auth_token ?? '', isRetired: (e) => plane?.isRetired(e) ?? false });

@@ -29,6 +29,8 @@ export interface ModelParticipantOptions {
   captureDir: string;
   /** Cut undelivered generations at prepare and continue restored cuts (§5.6). */
   generationCuts: boolean;
+  /** `ng` (ours) or `openai` (a third-party server), reported by status for discovery. */
+  backendApi?: 'ng' | 'openai';
   /** Backend root (no `/v1`), where the cut service lives. */
   backendRoot: string;
   /** Bearer token for the backend's cut service (the deployment's control token). */
@@ -48,6 +50,8 @@ interface Ticket {
   modelCallId: string;
   admittedAt: number;
   ctx: RequestContext | undefined;
+  /** The request's messages (a text-only capture keeps them). */
+  messages: unknown[] | undefined;
   parentCallId: string | null;
   cuttable: boolean;
   /** Aborted by retire; its reason is the refusal. */
@@ -209,6 +213,7 @@ export class ModelParticipant implements GenerationGate {
       modelCallId: `mc_${hex(12)}`,
       admittedAt: Date.now() / 1000,
       ctx: undefined,
+      messages: undefined,
       parentCallId: null,
       cuttable: constrainedDecoding(call.body) === undefined,
       cancel,
@@ -223,6 +228,7 @@ export class ModelParticipant implements GenerationGate {
     let backendBody = call.body;
     if (key !== undefined && call.episode) {
       t.ctx = requestContext(call.body);
+      t.messages = Array.isArray(call.body.messages) ? call.body.messages : undefined;
       t.parentCallId = this.ledger.parentOf(key, t.ctx);
       const target = this.restoredTargets.get(key);
       if (target) target.started = true;
@@ -338,6 +344,9 @@ export class ModelParticipant implements GenerationGate {
       completion_logprobs: tokens.completionLogprobs,
       finish_reason: tokens.finishReason,
       complete: tokens.complete,
+      capture: tokens.completionTokenIds !== null ? 'tokens' : 'text',
+      completion_message: tokens.completionMessage ?? null,
+      ...(tokens.promptTokenIds === null && t.messages ? { prompt_messages: t.messages } : {}),
     }, { dirExists: this.ledger.hasTokens(t.key) });
     this.ledger.noteTokens(t.key);
     t.tokensWritten = true;
@@ -467,6 +476,8 @@ export class ModelParticipant implements GenerationGate {
         restored_pending: sortedKeys([...this.restoredTargets].filter(([, v]) => !v.started).map(([k]) => k)),
         // Calls waiting for admission (not admitted, so not in `inflight`).
         waiting_calls: this.waiting,
+        // What discovery learns of the backend: without cuts, an undelivered call regenerates after a restore.
+        backend: { api: this.opts.backendApi ?? 'ng', generation_cuts: this.opts.generationCuts },
       }),
     };
   }

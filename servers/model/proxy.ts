@@ -1,7 +1,8 @@
-// The policy model server's data plane: OpenAI-compatible routes relayed to the inference backend
-// under the caller's own `/ng-rollout/<key>` prefix (so the backend knows the episode). Every
-// generation call goes through the gate (gate.ts), where the checkpoint participant admits it,
-// holds its response while a checkpoint is open and records it at response start.
+// The policy model server's data plane: OpenAI-compatible routes relayed to the backend — ours
+// under the caller's own `/ng-rollout/<key>` prefix (so it knows the episode), a third-party one as
+// a plain OpenAI call (backend.ts says what each receives). Every generation call goes through the
+// gate (gate.ts), where the checkpoint participant admits it, holds its response while a checkpoint
+// is open and records it at response start.
 //
 // A streamed reply is relayed chunk by chunk (never buffered); its response starts at the first
 // chunk carrying data (response-start.ts). A plain JSON reply is one unit: it is read whole, then
@@ -9,19 +10,16 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { request } from 'undici';
 import { z } from 'zod';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
-import { rolloutPath } from '../../protocol/ids.js';
 import { rolloutOf } from '../common/app.js';
-import { dataAgent, joinPath } from '../common/http-client.js';
+import { backendBody, callBackend, mapBackendError, type Backend, type Upstream } from './backend.js';
 import type { AdmittedCall, GenerationCall, GenerationGate } from './gate.js';
 import { SseCollector, tokensOfCompletion } from './reply-tokens.js';
 import { ResponseStartDetector } from './response-start.js';
 
 export interface ModelProxyOptions {
-  /** Backend root (no trailing `/v1`): calls go to `<root>[/ng-rollout/<key>]/v1/...`. */
-  backendRoot: string;
+  backend: Backend;
   gate: GenerationGate;
 }
 
@@ -42,10 +40,7 @@ const HOP_BY_HOP = new Set([
   'proxy-authorization',
 ]);
 
-/** An OpenAI-style base URL may end with `/v1`; the root is what the `/ng-rollout` prefix goes after. */
-export function backendRootOf(url: string): string {
-  return url.replace(/\/+$/, '').replace(/\/v1$/, '');
-}
+export { backendRootOf } from './backend.js';
 
 export function registerModelProxy(app: FastifyInstance, opts: ModelProxyOptions): void {
   // A prefix the app could not decode (bad characters, a reserved suffix on the rollout ID) must
@@ -64,7 +59,7 @@ export function registerModelProxy(app: FastifyInstance, opts: ModelProxyOptions
     const gone = abortOnCallerGone(reply);
     let upstream: Upstream;
     try {
-      upstream = await forward(req, opts.backendRoot, { method: 'GET', signal: gone.signal });
+      upstream = await forward(req, opts.backend, { method: 'GET', signal: gone.signal });
     } catch (err) {
       return backendFailed(req, reply, err, gone.signal);
     }
@@ -106,7 +101,7 @@ async function generate(req: FastifyRequest, reply: FastifyReply, route: string,
 
   let upstream: Upstream;
   try {
-    upstream = await forward(req, opts.backendRoot, { method: 'POST', body: JSON.stringify(admitted.backendBody), signal });
+    upstream = await forward(req, opts.backend, { method: 'POST', body: backendBody(opts.backend, admitted.backendBody), signal });
   } catch (err) {
     return backendFailed(req, reply, admitted.signal.aborted ? admitted.signal.reason : err, gone.signal);
   }
@@ -119,8 +114,19 @@ async function generate(req: FastifyRequest, reply: FastifyReply, route: string,
     for await (const c of upstream.body) chunks.push(Buffer.from(c));
     const buf = Buffer.concat(chunks);
     const body = parseJson(buf);
+    const ok = upstream.status >= 200 && upstream.status < 300;
+    // A failed call is held like a reply (the caller must not learn anything while a checkpoint is
+    // open) and captures nothing.
     await deliverOrFail(admitted, { status: upstream.status, stream: false, ...(body !== undefined ? { body } : {}) });
-    if (upstream.status >= 200 && upstream.status < 300) await completeOrFail(admitted, tokensOfCompletion(body));
+    if (ok) await completeOrFail(admitted, tokensOfCompletion(body));
+    if (upstream.status === 404 && opts.backend.api === 'ng' && call.key !== undefined) {
+      req.log.warn({ backend: opts.backend.root }, 'the backend has no route under /ng-rollout/<key>: a third-party OpenAI-compatible server needs backend_api: openai');
+    }
+    if (!ok && opts.backend.api === 'openai') {
+      const failure = mapBackendError(upstream.status, buf);
+      req.log.warn({ status: upstream.status, code: failure.code }, 'the backend refused a generation call');
+      return reply.code(failure.status).send(failure.toEnvelope());
+    }
     applyHead(reply, upstream);
     return reply.send(buf);
   } catch (err) {
@@ -193,22 +199,16 @@ function parseJson(buf: Buffer): unknown {
   }
 }
 
-interface Upstream {
-  status: number;
-  headers: IncomingHttpHeaders;
-  body: AsyncIterable<Uint8Array> & NodeJS.ReadableStream;
-}
-
-/** Sends the call to the backend under the same prefix. */
-async function forward(req: FastifyRequest, backendRoot: string, init: { method: 'GET' | 'POST'; body?: string; signal: AbortSignal }): Promise<Upstream> {
-  const rollout = rolloutOf(req);
-  const path = rollout ? rolloutPath(rollout.key, req.url) : req.url;
-  const url = joinPath(backendRoot, path);
-  const headers: Record<string, string> = {};
-  if (init.body !== undefined) headers['content-type'] = 'application/json';
-  if (typeof req.headers.accept === 'string') headers.accept = req.headers.accept;
-  const res = await request(url, { method: init.method, headers, body: init.body, signal: init.signal, dispatcher: dataAgent() });
-  return { status: res.statusCode, headers: res.headers, body: res.body };
+/** Sends the call to the backend (ours: under the same prefix). */
+function forward(req: FastifyRequest, backend: Backend, init: { method: 'GET' | 'POST'; body?: Record<string, unknown>; signal: AbortSignal }): Promise<Upstream> {
+  return callBackend(backend, {
+    method: init.method,
+    path: req.url,
+    key: rolloutOf(req)?.key,
+    ...(init.body !== undefined ? { body: init.body } : {}),
+    ...(typeof req.headers.accept === 'string' ? { accept: req.headers.accept } : {}),
+    signal: init.signal,
+  });
 }
 
 /** Status and end-to-end headers of the backend's reply, copied onto ours. */
@@ -219,16 +219,19 @@ function applyHead(reply: FastifyReply, upstream: Upstream): void {
   }
 }
 
-/** No reply from the backend: 502 (callers treat it as transient), the refusal of a cancelled call, or nothing for a gone caller. */
+/**
+ * No reply from the backend: `backend_unavailable` (502) or `backend_timeout` (504), both retryable;
+ * the refusal of a cancelled call; or nothing for a gone caller.
+ */
 function backendFailed(req: FastifyRequest, reply: FastifyReply, err: unknown, gone: AbortSignal): FastifyReply {
   if (gone.aborted) {
     reply.hijack(); // the caller is gone: nobody to answer
     reply.raw.destroy();
     return reply;
   }
-  if (isProtocolError(err)) return reply.code(err.status).send(err.toEnvelope());
-  req.log.warn({ err }, 'inference backend unreachable');
-  return reply.code(502).send({ error: { code: 'backend_unavailable', detail: `${req.url}: ${(err as Error).message}` } });
+  const failure = isProtocolError(err) ? err : refuse('backend_unavailable', `${req.url}: ${(err as Error).message}`);
+  if (failure.code === 'backend_unavailable' || failure.code === 'backend_timeout') req.log.warn({ code: failure.code, detail: failure.detail }, 'the backend did not answer');
+  return reply.code(failure.status).send(failure.toEnvelope());
 }
 
 function isEventStream(headers: IncomingHttpHeaders): boolean {

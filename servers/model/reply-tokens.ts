@@ -1,8 +1,10 @@
 // The tokens of a backend reply, for the token store: vLLM-style `prompt_token_ids` and
-// `choices[0].token_ids`, OpenAI `choices[0].logprobs.content[].logprob`, and the policy version
-// (`ng_policy.version`). A plain reply is read whole; a streamed one event by event as it is relayed
-// (SseCollector), so the stream is never buffered. Pure; tolerant of replies without token data.
-import type { ReplyTokens } from './gate.js';
+// `choices[0].token_ids` (or, with vLLM's `return_tokens_as_token_ids`, logprob entries whose token
+// is `token_id:<n>`), OpenAI `choices[0].logprobs.content[].logprob`, the policy version
+// (`ng_policy.version`), and the assistant message itself (what a text-only capture holds). A plain
+// reply is read whole; a streamed one event by event as it is relayed (SseCollector), so the stream
+// is never buffered. Pure; tolerant of replies without token data.
+import type { CompletionMessage, ReplyTokens } from './gate.js';
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -19,6 +21,29 @@ function logprobsOf(choice: Record<string, unknown>): number[] | null {
     out.push(e.logprob);
   }
   return out;
+}
+
+const TOKEN_ID = /^token_id:(0|[1-9][0-9]*)$/;
+
+/** Token IDs spelled in the logprob entries (`"token": "token_id:42"`), when every entry has one. */
+function tokenIdsOfLogprobs(choice: Record<string, unknown>): number[] | null {
+  const lp = choice.logprobs;
+  if (!isObject(lp) || !Array.isArray(lp.content) || lp.content.length === 0) return null;
+  const out: number[] = [];
+  for (const e of lp.content) {
+    const m = isObject(e) && typeof e.token === 'string' ? TOKEN_ID.exec(e.token) : null;
+    if (!m) return null;
+    out.push(Number(m[1]));
+  }
+  return out;
+}
+
+function messageOf(choice: Record<string, unknown>): CompletionMessage | null {
+  const m = choice.message;
+  if (!isObject(m)) return null;
+  const content = typeof m.content === 'string' ? m.content : null;
+  const calls = Array.isArray(m.tool_calls) ? m.tool_calls.filter(isObject) : [];
+  return { role: 'assistant', content, ...(calls.length ? { tool_calls: calls } : {}) };
 }
 
 /** The policy version of a reply or chunk (`ng_policy.version`), if it carries one. */
@@ -39,8 +64,9 @@ export function tokensOfCompletion(body: unknown): ReplyTokens {
     responseId: responseIdOf(body),
     weightVersion: weightVersionOf(body),
     promptTokenIds: isObject(body) ? intArray(body.prompt_token_ids) : null,
-    completionTokenIds: intArray(choice.token_ids),
+    completionTokenIds: intArray(choice.token_ids) ?? tokenIdsOfLogprobs(choice),
     completionLogprobs: logprobsOf(choice),
+    completionMessage: messageOf(choice),
     finishReason: typeof choice.finish_reason === 'string' ? choice.finish_reason : null,
     complete: true,
   };
@@ -55,6 +81,10 @@ export class SseCollector {
   private promptTokenIds: number[] | null = null;
   private tokenIds: number[] | null = null;
   private logprobs: number[] | null = null;
+  /** Token IDs spelled in the logprob entries, while every entry so far had one. */
+  private logprobIds: number[] | null = [];
+  private content: string | null = null;
+  private readonly toolCalls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> = [];
   private finishReason: string | null = null;
   private done = false;
   /** Set once a chunk's token data could not be read: the token lists are then unknown. */
@@ -108,16 +138,34 @@ export class SseCollector {
       const lps = logprobsOf(choice);
       if (lps === null) this.broken = true;
       else (this.logprobs ??= []).push(...lps);
+      const ids = Array.isArray(choice.logprobs.content) && choice.logprobs.content.length === 0 ? [] : tokenIdsOfLogprobs(choice);
+      if (ids === null) this.logprobIds = null;
+      else this.logprobIds?.push(...ids);
+    }
+    const delta = choice.delta;
+    if (isObject(delta)) {
+      if (typeof delta.content === 'string') this.content = (this.content ?? '') + delta.content;
+      for (const d of Array.isArray(delta.tool_calls) ? delta.tool_calls : []) {
+        if (!isObject(d) || !Number.isInteger(d.index)) continue;
+        const call = (this.toolCalls[d.index as number] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+        if (typeof d.id === 'string') call.id = d.id;
+        const f = isObject(d.function) ? d.function : {};
+        if (typeof f.name === 'string') call.function.name += f.name;
+        if (typeof f.arguments === 'string') call.function.arguments += f.arguments;
+      }
     }
   }
 
   result(): ReplyTokens {
+    const calls = this.toolCalls.filter(Boolean);
+    const spelled = this.logprobIds !== null && this.logprobIds.length > 0 ? this.logprobIds : null;
     return {
       responseId: this.responseId,
       weightVersion: this.weightVersion,
       promptTokenIds: this.promptTokenIds,
-      completionTokenIds: this.broken ? null : this.tokenIds,
+      completionTokenIds: this.broken ? null : (this.tokenIds ?? spelled),
       completionLogprobs: this.broken ? null : this.logprobs,
+      completionMessage: { role: 'assistant', content: this.content, ...(calls.length ? { tool_calls: calls } : {}) },
       finishReason: this.finishReason,
       complete: this.done || this.finishReason !== null,
     };

@@ -27,8 +27,15 @@
 //     "completion_token_ids": [88, …],     generated tokens (`choices[0].token_ids`), or null
 //     "completion_logprobs": [-0.1, …],    one per generated token (`choices[0].logprobs.content[].logprob`), or null
 //     "finish_reason": "tool_calls",
-//     "complete": true                     false when a streamed reply ended early
+//     "complete": true,                    false when a streamed reply ended early
+//     "capture": "tokens",                 "text" when the backend returned no completion token IDs
+//     "completion_message": {"role": "assistant", "content": …, "tool_calls": […]},
+//     "prompt_messages": [ … ]             the request's messages, only when prompt_token_ids is null
 //   }
+//
+// A third-party backend (vLLM without `return_token_ids`, llama.cpp, a hosted API) usually returns
+// no token IDs: its records say `"capture": "text"` and hold the conversation as text, which a
+// trainer tokenizes itself. (Records written before these three fields existed have none of them.)
 //
 // Which staging keys a checkpoint still refers to is in its commit reply (`staging_keys`); the
 // lineage of an episode is its ledger rows (each names its `staging_key` and `parent_call_id`). A
@@ -38,6 +45,7 @@ import { mkdir, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises
 import { join } from 'node:path';
 import { ID_PATTERN } from '../../protocol/ids.js';
 import { callFileSlots } from '../common/file-slots.js';
+import type { CompletionMessage } from './gate.js';
 
 export const TOKEN_STORE_FORMAT = 'ng-token-store/1';
 export const TOKENS_DIR = 'tokens';
@@ -74,6 +82,11 @@ export interface StagedTokens {
   completion_logprobs: number[] | null;
   finish_reason: string | null;
   complete: boolean;
+  /** `tokens`: completion token IDs were captured; `text`: the backend returned none. */
+  capture?: 'tokens' | 'text';
+  completion_message?: CompletionMessage | null;
+  /** The request's messages, kept when the backend reported no prompt token IDs. */
+  prompt_messages?: unknown[];
 }
 
 export function stagingKeyOf(captureKey: string, modelCallId: string): string {

@@ -11,6 +11,7 @@ import type { ServerContext } from '../../servers/common/server-context.js';
 import type { GenerationCall, GenerationGate } from '../../servers/model/gate.js';
 import policyModel, { PolicyModelOptionsSchema } from '../../servers/model/module.js';
 import { backendRootOf, registerModelProxy } from '../../servers/model/proxy.js';
+import { resolveBackend } from '../../servers/model/backend.js';
 
 // --- a fake inference backend: records every call; streams SSE chunks the test releases one by one
 
@@ -110,6 +111,9 @@ async function startModel(options: Record<string, unknown> = { backend: 'policy_
   await app.listen({ host: '127.0.0.1', port: 0 });
   return `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
 }
+
+/** The fake backend as ours (`backend_api: ng`). */
+const ours = () => resolveBackend({ api: 'ng', url: backendUrl, configKey: 'test' });
 
 const chat = { model: 'fake-model', messages: [{ role: 'user', content: '[task weather city=SF]' }] };
 
@@ -235,7 +239,7 @@ describe('the gate seam', { timeout: 10_000 }, () => {
       },
     };
     const app = createGymApp({ name: 'm', kind: 'model', logLevel: 'silent' });
-    registerModelProxy(app, { backendRoot: backendUrl, gate });
+    registerModelProxy(app, { backend: ours(), gate });
     apps.push(app);
     await app.listen({ host: '127.0.0.1', port: 0 });
     pushStream(': keep-alive\n\n');
@@ -262,7 +266,7 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     const { refuse } = await import('../../protocol/errors.js');
     const app = createGymApp({ name: 'm', kind: 'model', logLevel: 'silent' });
     registerModelProxy(app, {
-      backendRoot: backendUrl,
+      backend: ours(),
       gate: {
         admit: async () => {
           throw refuse('stale_attempt', 'retired');
@@ -279,7 +283,7 @@ describe('the gate seam', { timeout: 10_000 }, () => {
   it('a delivery the gate refuses (poisoned) sends no answer', async () => {
     const app = createGymApp({ name: 'm', kind: 'model', logLevel: 'silent' });
     registerModelProxy(app, {
-      backendRoot: backendUrl,
+      backend: ours(),
       gate: {
         admit: async (c) => ({
           backendBody: c.body,

@@ -31,6 +31,18 @@ function configError(file: string): ConfigError {
   throw new Error('expected a config error');
 }
 
+describe('the llama.cpp examples', () => {
+  it('examples/run-llama.yaml parses: trainer none over the deployment of examples/gym-llama.yaml', async () => {
+    const cfg = loadRunConfig(path.join(import.meta.dirname, '..', '..', 'examples', 'run-llama.yaml'));
+    expect(cfg.trainer).toEqual({ kind: 'none', enabled: true });
+    expect(cfg.grpo.environments).toEqual({ weather: 'weather_env' });
+    const { validateDeploymentFile } = await import('../../servers/launcher/validate.js');
+    const v = await validateDeploymentFile(path.join(import.meta.dirname, '..', '..', 'examples', 'gym-llama.yaml'), { GYM_CONTROL_TOKEN: 't', LLAMA_API_KEY: 'k' });
+    expect(Object.keys(v.deployment.servers).sort()).toEqual(['policy_model', 'simple_agent', 'weather', 'weather_env']);
+    expect(v.deployment.servers.policy_model!.options).toMatchObject({ backend_api: 'openai', served_model: 'smollm2', api_key_env: 'LLAMA_API_KEY' });
+  });
+});
+
 describe('run config: controller section', () => {
   it('examples/run.yaml parses, with the /run heartbeat timeout it documents', () => {
     expect(loadRunConfig(example).controller).toMatchObject({ run_heartbeat_timeout_s: 120 });

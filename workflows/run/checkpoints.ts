@@ -141,7 +141,7 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
     if (wasRelease) throw new Error('unreachable: a released pending snapshot returns its outcome');
     // The abort went through: continue with a new attempt.
   }
-  if (cfg.trainer.enabled && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
+  if (ctx.ownsWeights && cfg.checkpointing.enabled && st.lastAnchorStep !== st.steps) {
     // A snapshot binds to a durable trainer anchor of the current step (controller.md §2.1).
     return { checkpointId: '', trigger, outcome: 'skipped', reason: 'missing_trainer_anchor', seconds: {}, at: new Date().toISOString() };
   }

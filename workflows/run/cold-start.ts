@@ -8,7 +8,7 @@ import * as L from '../ledger.js';
 import { checkLedger } from '../ledger-invariants.js';
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities } from '../target-levels.js';
 import type { RunContext } from './context.js';
-import { refitUrl } from './training.js';
+import { refitTarget } from './training.js';
 
 /**
  * A new run on an existing checkpoint directory (`restore_mode: latest`, controller.md §3.7, §4):
@@ -22,7 +22,7 @@ export async function coldStart(ctx: RunContext, topology: GymTopology): Promise
   const { st, cfg } = ctx;
   const checkpointDir = cfg.run.checkpoint_dir;
   const refuse = (message: string): ApplicationFailure => ApplicationFailure.nonRetryable(`restore_mode latest: ${message}`, 'invalid_restore');
-  const anchor = cfg.trainer.enabled ? await ctx.storage.latestTrainerAnchor({ checkpointDir }) : null;
+  const anchor = ctx.ownsWeights ? await ctx.storage.latestTrainerAnchor({ checkpointDir }) : null;
   const snap = await ctx.storage.latestSnapshot({ checkpointDir, fingerprint: topology.fingerprint, ...(anchor ? { anchor: anchor.anchor } : {}) });
   let ledger: unknown;
   let step: number;
@@ -53,7 +53,7 @@ export async function coldStart(ctx: RunContext, topology: GymTopology): Promise
     throw refuse(`the ledger of ${snap?.dir ?? anchor?.anchor} is invalid: ${(err as Error).message}`);
   }
   if (anchor) {
-    const r = await ctx.storage.restoreTrainer({ run: cfg.run.name, checkpointDir, backendUrl: refitUrl(ctx), anchor: anchor.anchor, adopt: true });
+    const r = await ctx.storage.restoreTrainer({ run: cfg.run.name, checkpointDir, ...refitTarget(ctx), anchor: anchor.anchor, adopt: true });
     version = r.version;
     st.lastAnchorStep = anchor.step;
   }

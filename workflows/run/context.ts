@@ -19,6 +19,10 @@ export class RunContext {
   /** Discovery while a recovery waits for Gym (bounded by `controller.gym_recovery_timeout_s`). */
   readonly gymRecovery: Activities;
   readonly totalGroups: number;
+  /** `tiny_grpo`, `none` (collect rollouts for an external trainer) or `external`. */
+  readonly trainerKind: RunConfig['trainer']['kind'];
+  /** A trainer that keeps weights: refits, anchors, catch-up. `none` keeps none. */
+  readonly ownsWeights: boolean;
   /** `snapshot_attempt_interval_s` in ms, or null (no periodic checkpoints). */
   readonly intervalMs: number | null;
 
@@ -51,6 +55,8 @@ export class RunContext {
     this.storageLocal = storageLocalActivities();
     this.gymRecovery = gymRecoveryActivities(tq, cfg.controller.gym_recovery_timeout_s);
     this.totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
+    this.trainerKind = cfg.trainer.kind;
+    this.ownsWeights = cfg.trainer.enabled && cfg.trainer.kind !== 'none';
     const interval = cfg.rollout_checkpointing.snapshot_attempt_interval_s;
     this.intervalMs = interval === null ? null : interval * 1000;
   }

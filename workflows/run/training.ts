@@ -21,18 +21,32 @@ function batchOf(groups: L.PromptGroup[]): TrainBatch {
   }));
 }
 
-/** The inference backend the trainer refits; a run with the trainer on needs one. */
-export function refitUrl(ctx: RunContext): string {
+/** The inference backend to refit, as the trainer activity takes it: tiny_grpo needs one; other trainers refit their own. */
+export function refitTarget(ctx: RunContext): { backendUrl?: string } {
   const url = ctx.backendUrl();
-  if (!url) throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
-  return url;
+  if (!url && ctx.trainerKind === 'tiny_grpo') throw ApplicationFailure.nonRetryable('the Gym deployment has no inference server to refit', 'invariant_error');
+  return url ? { backendUrl: url } : {};
+}
+
+function stepSummary(ctx: RunContext, step: number, version: number): string {
+  if (ctx.trainerKind === 'none') return `rollout batch of step ${step}`;
+  return `${ctx.trainerKind === 'tiny_grpo' ? 'GRPO' : 'training'} step ${step} (policy v${version} → v${version + 1})`;
 }
 
 function sendBatch(ctx: RunContext, step: number, version: number, batch: TrainBatch, cursor: number) {
   const { cfg } = ctx;
-  const backendUrl = refitUrl(ctx);
-  return ctx.storage.trainStep.executeWithOptions({ summary: `GRPO step ${step} (policy v${version} → v${version + 1})` }, [
-    { run: cfg.run.name, checkpointDir: cfg.run.checkpoint_dir, backendUrl, expectedVersion: version, step, batch, cursor },
+  return ctx.storage.trainStep.executeWithOptions({ summary: stepSummary(ctx, step, version) }, [
+    {
+      run: cfg.run.name,
+      checkpointDir: cfg.run.checkpoint_dir,
+      trainer: ctx.trainerKind,
+      ...refitTarget(ctx),
+      gymRunDir: cfg.run.gym_run_dir,
+      expectedVersion: version,
+      step,
+      batch,
+      cursor,
+    },
   ]);
 }
 
@@ -89,10 +103,11 @@ export async function trainReadyGroups(ctx: RunContext): Promise<void> {
       }
       st.steps = step;
       st.rewardPerStep.push(mean);
-      st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - (cfg.trainer.enabled ? 1 : 0), batch, cursor: st.ledger.cursor });
+      // Kept to re-send to a trainer that lost its state; one that keeps none is never re-sent anything.
+      if (ctx.ownsWeights) st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - 1, batch, cursor: st.ledger.cursor });
       log.info('training step', { step, reward: mean, policyVersion: st.trainerVersion });
       await upsertMemo({ steps: st.steps, policyVersion: st.trainerVersion });
-      if (cfg.trainer.enabled && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
+      if (ctx.ownsWeights && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
         await saveTrainerAnchor(ctx, step);
       }
     }
