@@ -110,8 +110,14 @@ export const RunConfigSchema = z.strictObject({
        * with backoff, the run's status says so); past it the run fails with `gym_unavailable`.
        */
       gym_recovery_timeout_s: z.number().min(10).max(86_400).default(600),
+      /**
+       * Rollout attempts in flight per rollout shard (the workflows that start the attempts and
+       * batch their reports): the run has ceil(max_in_flight_groups × num_generations_per_prompt / this)
+       * shards, so no workflow owns more than about twice this many pending children.
+       */
+      rollouts_per_shard: z.number().int().min(1).max(1_000).default(500),
     })
-    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120, gym_recovery_timeout_s: 600 }),
+    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120, gym_recovery_timeout_s: 600, rollouts_per_shard: 500 }),
 });
 
 export type RunConfig = z.infer<typeof RunConfigSchema>;

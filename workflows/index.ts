@@ -2,3 +2,4 @@
 export { trainingRun } from './trainingRun.js';
 export { checkpointAttempt } from './checkpointAttempt.js';
 export { rolloutAttempt } from './rolloutAttempt.js';
+export { rolloutShard } from './rolloutShard.js';

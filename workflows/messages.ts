@@ -1,10 +1,33 @@
 // Signals, queries and updates between the client, the training run and its children.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import type { CaptureKey } from '../protocol/episode-id.js';
-import type { CheckpointOutcome, RolloutReport } from '../protocol/controller.js';
+import type { CaptureKey, EpisodeId } from '../protocol/episode-id.js';
+import type { CheckpointOutcome, GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 
-/** A rollout attempt → its training run (by workflow ID, so it reaches the current run after continue-as-new). */
+/** A rollout attempt → its shard (by workflow ID, so it reaches the shard's current run after continue-as-new). */
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
+/** A rollout shard → the training run: the reports of its attempts, in batches. */
+export const rolloutsFinished = defineSignal<[RolloutReport[]]>('rolloutsFinished');
+
+/** What a shard needs to start one rollout attempt (the rest is the same for all: its input). */
+export interface AttemptStart {
+  episode: EpisodeId;
+  environment: string;
+  environmentUrl: string;
+  expectedInstance?: string;
+  task?: unknown;
+  taskRef?: TaskRef;
+  summary: string;
+  details: string;
+}
+export interface AttemptStarts {
+  attempts: AttemptStart[];
+  /** The participants, which each attempt retires itself from (as discovered last). */
+  topology: GymTopology;
+}
+/** The run → one rollout shard: start these attempts (already in the run's ledger as dispatched). */
+export const startAttempts = defineSignal<[AttemptStarts]>('startAttempts');
+/** The run → its rollout shards: the run ends; report what is left and stop. */
+export const closeShard = defineSignal('closeShard');
 /** The run → one rollout attempt: its deadline ran out (clocks are kept by the run). */
 export const deadlineExpired = defineSignal('deadlineExpired');
 /**

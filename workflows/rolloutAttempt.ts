@@ -1,7 +1,8 @@
 // One physical attempt of one sibling (ID `<run>/rollout/<capture key>`): POST `/run` under the
 // attempt's capture key; when its deadline fires (the run keeps the clocks and signals us) or the
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
-// runs on. The report goes to the run by workflow ID, which survives the run's continue-as-new.
+// runs on. The report goes to the attempt's rollout shard by workflow ID (which survives the
+// shard's continue-as-new); the shard relays it to the run in a batch.
 import {
   CancellationScope,
   condition,
@@ -22,7 +23,8 @@ export const GYM_RESTARTED = 'gym_restarted';
 
 export interface RolloutAttemptInput {
   run: string;
-  runWorkflowId: string;
+  /** The workflow its report goes to: its rollout shard. */
+  reportTo: string;
   episode: EpisodeId;
   environment: string;
   environmentUrl: string;
@@ -99,7 +101,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
     }
   }
   await upsertMemo({ status: report.status, reward: report.reward });
-  await getExternalWorkflowHandle(input.runWorkflowId).signal(rolloutFinished, report);
+  await getExternalWorkflowHandle(input.reportTo).signal(rolloutFinished, report);
   return report;
 }
 

@@ -1,8 +1,9 @@
 // The training run (workflow ID = run name): the recovery ledger, the admission gates, the
 // rollout deadlines, dispatch, the checkpoint pump, training steps and Gym recovery, each in its
 // own module under run/; this file holds the handlers and the main loop. Its event history is the
-// controller's durable memory. Rollout and checkpoint attempts are child workflows.
-import { allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, upsertMemo, workflowInfo } from '@temporalio/workflow';
+// controller's durable memory. Checkpoint attempts are its children; rollout attempts are children
+// of its rollout shards (run/shards.ts), which relay their reports in batches.
+import { ContinueAsNew, allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, upsertMemo, workflowInfo } from '@temporalio/workflow';
 import * as D from './deadlines.js';
 import {
   checkpointCommitted,
@@ -10,7 +11,7 @@ import {
   checkpointPrepared,
   pauseRun,
   resumeRun,
-  rolloutFinished,
+  rolloutsFinished,
   runStatus,
   stopRun,
   type RunStatus,
@@ -21,6 +22,7 @@ import { coldStart, setupLevels } from './run/cold-start.js';
 import { RunContext } from './run/context.js';
 import { dispatch, forgetFinished } from './run/dispatch.js';
 import { recoverGym } from './run/recovery.js';
+import { closeShards } from './run/shards.js';
 import { signalExpired, stopAbandoned, takeReports } from './run/stops.js';
 import { initialState, summaryOf, type RunSummary, type TrainingRunInput } from './run/state.js';
 import { trainReadyGroups } from './run/training.js';
@@ -34,8 +36,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
   /** History length before which continue-as-new is not tried again (the state was too large). */
   let carryRetryAt = 0;
 
-  setHandler(rolloutFinished, (r) => {
-    st.reports.push(r);
+  setHandler(rolloutsFinished, (rs) => {
+    st.reports.push(...rs);
     ctx.wake();
   });
   setHandler(checkpointCommitted, (c) => {
@@ -68,57 +70,64 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     return o;
   });
 
-  if (!st.topology) {
-    st.topology = await ctx.control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
-  }
-  if (!st.levels) setupLevels(ctx, st.topology);
-  let coldRecoveryPending = false;
-  if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(ctx, st.topology);
-  await upsertMemo({ run: cfg.run.name, steps: st.steps });
-  const inFlight = (): number => Object.keys(st.inFlight).length;
-  const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && inFlight() === 0 && !ctx.checkpointRunning;
+  try {
+    if (!st.topology) {
+      st.topology = await ctx.control.discoverGym({ runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant });
+    }
+    if (!st.levels) setupLevels(ctx, st.topology);
+    let coldRecoveryPending = false;
+    if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(ctx, st.topology);
+    await upsertMemo({ run: cfg.run.name, steps: st.steps });
+    const inFlight = (): number => Object.keys(st.inFlight).length;
+    const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && inFlight() === 0 && !ctx.checkpointRunning;
 
-  for (;;) {
-    if (ctx.fatal) throw ctx.fatal;
-    ctx.changed = false;
-    takeReports(ctx);
-    await trainReadyGroups(ctx);
-    if (st.recoveryNeeded && !ctx.checkpointRunning) await recoverGym(ctx, coldRecoveryPending);
-    coldRecoveryPending = false;
-    if (done() && !st.pendingRelease && !st.pendingAbort && ctx.manualRequested === ctx.manualServed) break;
-    if (checkpointDue(ctx)) startCheckpoint(ctx);
-    await signalExpired(ctx);
-    await stopAbandoned(ctx);
-    if (st.steps < cfg.grpo.max_num_steps) await dispatch(ctx);
-    await forgetFinished(ctx, false);
-    setCurrentDetails(
-      `**run** \`${cfg.run.name}\` — ${ctx.phase()}\n\nstep ${st.steps}/${cfg.grpo.max_num_steps}, ${inFlight()} rollouts in flight, ` +
-        `${st.completedRollouts} completed, last snapshot: ${st.lastSnapshot ?? 'none'}`,
-    );
-    const info = workflowInfo();
-    if (!ctx.checkpointRunning && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
-      await condition(allHandlersFinished);
-      await ctx.retention;
-      if (!ctx.checkpointRunning && ctx.manualRequested === ctx.manualServed && info.historyLength >= carryRetryAt) {
-        const state = packRunState({ ...st, continuedAsNew: st.continuedAsNew + 1 }, cfg.run.name);
-        const bytes = JSON.stringify(state).length;
-        if (bytes <= MAX_CARRIED_STATE_BYTES) await continueAsNew<typeof trainingRun>({ config: cfg, state });
-        // Over the payload limit the continue-as-new would fail its workflow task forever: keep
-        // running on this history (hard limits: 51,200 events / 50 MiB), try again later.
-        carryRetryAt = info.historyLength + 1_000;
-        log.error('run state too large to continue as new; continuing on the current history', { bytes, limit: MAX_CARRIED_STATE_BYTES, inFlight: inFlight() });
+    for (;;) {
+      if (ctx.fatal) throw ctx.fatal;
+      ctx.changed = false;
+      takeReports(ctx);
+      await trainReadyGroups(ctx);
+      if (st.recoveryNeeded && !ctx.checkpointRunning) await recoverGym(ctx, coldRecoveryPending);
+      coldRecoveryPending = false;
+      if (done() && !st.pendingRelease && !st.pendingAbort && ctx.manualRequested === ctx.manualServed) break;
+      if (checkpointDue(ctx)) startCheckpoint(ctx);
+      await signalExpired(ctx);
+      await stopAbandoned(ctx);
+      if (st.steps < cfg.grpo.max_num_steps) await dispatch(ctx);
+      await forgetFinished(ctx, false);
+      setCurrentDetails(
+        `**run** \`${cfg.run.name}\` — ${ctx.phase()}\n\nstep ${st.steps}/${cfg.grpo.max_num_steps}, ${inFlight()} rollouts in flight, ` +
+          `${st.completedRollouts} completed, last snapshot: ${st.lastSnapshot ?? 'none'}`,
+      );
+      const info = workflowInfo();
+      if (!ctx.checkpointRunning && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
+        await condition(allHandlersFinished);
+        await ctx.retention;
+        if (!ctx.checkpointRunning && ctx.manualRequested === ctx.manualServed && info.historyLength >= carryRetryAt) {
+          const state = packRunState({ ...st, continuedAsNew: st.continuedAsNew + 1 }, cfg.run.name);
+          const bytes = JSON.stringify(state).length;
+          if (bytes <= MAX_CARRIED_STATE_BYTES) await continueAsNew<typeof trainingRun>({ config: cfg, state });
+          // Over the payload limit the continue-as-new would fail its workflow task forever: keep
+          // running on this history (hard limits: 51,200 events / 50 MiB), try again later.
+          carryRetryAt = info.historyLength + 1_000;
+          log.error('run state too large to continue as new; continuing on the current history', { bytes, limit: MAX_CARRIED_STATE_BYTES, inFlight: inFlight() });
+        }
+      }
+      const timeouts = [D.nextExpiryMs(st.deadlines, Date.now()), nextCheckpointMs(ctx)].filter((x): x is number => x !== undefined);
+      const wait = timeouts.length ? Math.max(1, Math.min(...timeouts)) : undefined;
+      if (!ctx.changed) {
+        if (wait === undefined) await condition(() => ctx.changed || ctx.fatal !== undefined);
+        else await condition(() => ctx.changed || ctx.fatal !== undefined, wait);
       }
     }
-    const timeouts = [D.nextExpiryMs(st.deadlines, Date.now()), nextCheckpointMs(ctx)].filter((x): x is number => x !== undefined);
-    const wait = timeouts.length ? Math.max(1, Math.min(...timeouts)) : undefined;
-    if (!ctx.changed) {
-      if (wait === undefined) await condition(() => ctx.changed || ctx.fatal !== undefined);
-      else await condition(() => ctx.changed || ctx.fatal !== undefined, wait);
-    }
-  }
 
-  await forgetFinished(ctx, true);
-  await condition(allHandlersFinished);
-  await ctx.retention;
-  return summaryOf(cfg, st);
+    await forgetFinished(ctx, true);
+    await closeShards(ctx);
+    await condition(allHandlersFinished);
+    await ctx.retention;
+    return summaryOf(cfg, st);
+  } catch (err) {
+    // Not at a continue-as-new: the shards live on into the next execution.
+    if (!(err instanceof ContinueAsNew)) await closeShards(ctx);
+    throw err;
+  }
 }

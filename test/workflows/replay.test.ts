@@ -17,13 +17,13 @@ beforeAll(async () => {
 
 const SCENARIOS: Record<string, string[]> = {
   // scenario → workflow types its golden file must contain
-  'clean-attempt': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
+  'clean-attempt': ['trainingRun', 'rolloutShard', 'checkpointAttempt', 'rolloutAttempt'],
   'abort-pending': ['trainingRun', 'checkpointAttempt', 'checkpointAttempt'],
-  'deadline-held': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
-  'deadline-expiry': ['trainingRun', 'rolloutAttempt', 'rolloutAttempt'],
-  'late-result': ['trainingRun', 'checkpointAttempt', 'rolloutAttempt'],
-  'gym-crash': ['trainingRun', 'checkpointAttempt', 'checkpointAttempt', 'rolloutAttempt', 'rolloutAttempt'],
-  'cohort-starts-over': ['trainingRun', 'rolloutAttempt', 'rolloutAttempt'],
+  'deadline-held': ['trainingRun', 'rolloutShard', 'checkpointAttempt', 'rolloutAttempt'],
+  'deadline-expiry': ['trainingRun', 'rolloutShard', 'rolloutAttempt', 'rolloutAttempt'],
+  'late-result': ['trainingRun', 'rolloutShard', 'checkpointAttempt', 'rolloutAttempt'],
+  'gym-crash': ['trainingRun', 'rolloutShard', 'checkpointAttempt', 'checkpointAttempt', 'rolloutAttempt', 'rolloutAttempt'],
+  'cohort-starts-over': ['trainingRun', 'rolloutShard', 'rolloutAttempt', 'rolloutAttempt'],
 };
 
 async function replay(histories: Array<{ workflowId: string; history: unknown }>): Promise<Array<{ workflowId: string; error: unknown }>> {

@@ -15,6 +15,7 @@ import type { RunConfig } from '../../protocol/run-config.js';
 import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
 import { checkpointNow, runStatus, type RunStatus } from '../../workflows/messages.js';
 import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
+import { shardWorkflowId } from '../../workflows/rolloutShard.js';
 import { trainingRun, type RunSummary } from '../../workflows/trainingRun.js';
 import { createTimeSkippingEnv } from '../helpers/temporal.js';
 import { FakeGym } from './fake-gym.js';
@@ -209,7 +210,7 @@ describe('checkpoint attempts in a training run', () => {
       expectRunsOnce(gym);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
-      await recordHistories(env, 'clean-attempt', [cfg.run.name, checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      await recordHistories(env, 'clean-attempt', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
     });
   });
 
@@ -234,7 +235,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toContain('ledgerCutWritten');
       await finishRun(gym, handle);
-      await recordHistories(env, 'late-result', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
+      await recordHistories(env, 'late-result', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
     });
   });
 
@@ -531,7 +532,7 @@ describe('live failures', () => {
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 3, failedRollouts: 1 });
       expectRunsOnce(gym);
-      await recordHistories(env, 'cohort-starts-over', [cfg.run.name, ...mates.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
+      await recordHistories(env, 'cohort-starts-over', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), ...mates.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
     });
   });
 });
@@ -610,7 +611,7 @@ describe('Gym crashes (no crash ends a run)', () => {
       expect((await status(handle).catch(() => undefined))?.waitingForGymSince ?? null).toBeNull();
       const [first, crashed] = gym.metrics.map((m) => checkpointWorkflowId(cfg.run.name, m.checkpointId));
       const attempts = [...new Set(gym.runKeys())].filter((k) => k.endsWith('.g0') || k.endsWith('.g0-a1'));
-      await recordHistories(env, 'gym-crash', [cfg.run.name, first!, crashed!, ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
+      await recordHistories(env, 'gym-crash', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), first!, crashed!, ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
     });
   }, 60_000);
 
@@ -656,7 +657,7 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
       expect(gym.runKeys()).toHaveLength(2);
       expect(gym.endedRuns().size).toBe(0);
-      await recordHistories(env, 'deadline-held', [cfg.run.name, checkpointWorkflowId(cfg.run.name, outcome.checkpointId), ...rolloutIds(cfg, gym)]);
+      await recordHistories(env, 'deadline-held', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, outcome.checkpointId), ...rolloutIds(cfg, gym)]);
     });
   });
 
@@ -687,7 +688,7 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
       const lateId = rolloutWorkflowId(cfg.run.name, parseCaptureKey(late)!);
       const report = await env.client.workflow.getHandle(lateId).result();
       expect(report).toMatchObject({ status: 'timed_out', captureKey: late });
-      await recordHistories(env, 'deadline-expiry', [cfg.run.name, lateId, rolloutWorkflowId(cfg.run.name, parseCaptureKey(retry)!)]);
+      await recordHistories(env, 'deadline-expiry', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), lateId, rolloutWorkflowId(cfg.run.name, parseCaptureKey(retry)!)]);
     });
   });
 
@@ -778,10 +779,11 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
 const ABANDON = 2;
 
 describe('continue-as-new', () => {
-  it('12. a long run continues as new; every rollout completes exactly once, and rollouts started before a CAN report to the new run', async () => {
+  it('12. a long run and its shard continue as new; every rollout completes exactly once, and rollouts started before the shard\'s CAN report to its new execution', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };
-    const cfg = runConfig('continue-as-new', { controller: { max_history_events: 200 }, grpo: { max_num_steps: 8 } });
+    // The run's history grows by a few events per step (its shard's by a few per rollout): 16 steps cross 200.
+    const cfg = runConfig('continue-as-new', { controller: { max_history_events: 200 }, grpo: { max_num_steps: 16 } });
     await withWorker(env, bundle, gym, cfg, async () => {
       const handle = await startRun(cfg);
       // Let each group's rollouts sit a moment (past the run's CAN decision), then finish them.
@@ -794,12 +796,16 @@ describe('continue-as-new', () => {
       }, 'the run to close', 40_000);
       const summary = await handle.result();
       expect(summary.continuedAsNew).toBeGreaterThanOrEqual(1);
-      expect(summary).toMatchObject({ steps: 8, completedRollouts: 16, failedRollouts: 0 });
-      expect(gym.runKeys()).toHaveLength(16);
+      expect(summary).toMatchObject({ steps: 16, completedRollouts: 32, failedRollouts: 0 });
+      expect(gym.runKeys()).toHaveLength(32);
       expectRunsOnce(gym);
-      // Rollouts started by the first run whose reports reached a later run.
-      const first = env.client.workflow.getHandle(cfg.run.name, handle.firstExecutionRunId);
-      const history = await first.fetchHistory();
+      // The shard continued as new too: rollouts its first execution started reported to a later one.
+      const shardId = shardWorkflowId(cfg.run.name, 0);
+      const latest = await env.client.workflow.getHandle(shardId).fetchHistory();
+      const firstRunId = latest.events?.[0]?.workflowExecutionStartedEventAttributes?.firstExecutionRunId ?? undefined;
+      const latestRunId = (await env.client.workflow.getHandle(shardId).describe()).runId;
+      expect(firstRunId).not.toBe(latestRunId);
+      const history = await env.client.workflow.getHandle(shardId, firstRunId).fetchHistory();
       const started = new Set<string>();
       const reported = new Set<string>();
       for (const e of history.events ?? []) {

@@ -1,17 +1,19 @@
 // Dispatch: prompt groups reserved from the dataset up to `max_in_flight_groups`, each reserved
-// attempt started as a rollout attempt workflow; and `forget` of rollouts finished for good.
-import { ApplicationFailure, ParentClosePolicy, log, startChild } from '@temporalio/workflow';
-import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
+// attempt handed to its group's rollout shard, which starts it as a rollout attempt workflow; and
+// `forget` of rollouts finished for good.
+import { ApplicationFailure, log } from '@temporalio/workflow';
 import type { GymTopology } from '../../protocol/controller.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
-import { rolloutAttempt, rolloutWorkflowId } from '../rolloutAttempt.js';
+import type { AttemptStart } from '../messages.js';
+import { rolloutWorkflowId } from '../rolloutAttempt.js';
 import type { RunContext } from './context.js';
+import { ensureShards, sendStarts, shardOf } from './shards.js';
 
 /** Groups per dataset read: an activity result stays far below Temporal's payload limits. */
 const LOAD_BATCH_GROUPS = 64;
-/** Child starts per workflow task: each task's commands stay small; the main loop comes straight back. */
+/** Attempts handed out per workflow task: each task's commands stay small; the main loop comes straight back. */
 const MAX_STARTS_PER_TASK = 250;
 /** Rollouts forgotten per call once this many are queued (all of them at the run's end). */
 const FORGET_BATCH = 64;
@@ -30,48 +32,32 @@ export async function dispatch(ctx: RunContext): Promise<void> {
   const topology = st.topology;
   // Children need only the participants (to retire their attempt), not every endpoint.
   const childTopology: GymTopology = { members: topology.members, servers: {}, fingerprint: topology.fingerprint, instances: {} };
-  await Promise.all(
-    todo.map(async ({ group, sibling, attempt }) => {
-      const episode = L.episodeOfAttempt(sibling, attempt);
-      const key = captureKey(episode);
-      const env = topology.servers[group.environment];
-      if (!env) throw ApplicationFailure.nonRetryable(`no environment server '${group.environment}' in the Gym deployment`, 'invariant_error');
-      L.markDispatched(group, sibling, group.environment);
-      const workflowId = rolloutWorkflowId(cfg.run.name, episode);
-      st.inFlight[key] = { episode, groupId: group.group_id, environment: group.environment, workflowId, stopSignalled: false };
-      if (cfg.async_rl.rollout_timeout_s !== null) D.addDeadline(st.deadlines, key, cfg.async_rl.rollout_timeout_s * 1000, Date.now());
-      try {
-        await startChild(rolloutAttempt, {
-          workflowId,
-          taskQueue: cfg.run.task_queue,
-          parentClosePolicy: ParentClosePolicy.ABANDON,
-          staticSummary: `rollout ${key} (${group.task_source}) of run ${cfg.run.name}`,
-          staticDetails: `group \`${group.group_id}\`, sibling ${sibling.generation_index}, Gym attempt ${attempt.gym_attempt}${attempt.continued ? ' (continued from a saved turn)' : ''}`,
-          args: [
-            {
-              run: cfg.run.name,
-              runWorkflowId: ctx.runId,
-              episode,
-              environment: group.environment,
-              environmentUrl: env.url,
-              ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
-              ...(group.task_ref
-                ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index, group_attempt: group.cohort_attempt ?? 0 } }
-                : { task: group.tasks[sibling.generation_index] }),
-              topology: childTopology,
-              controlTaskQueue: cfg.run.task_queue,
-              runTaskQueue: cfg.run.rollout_task_queue,
-              retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
-              runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
-            },
-          ],
-        });
-      } catch (err) {
-        // Already running (a start recorded before a continue-as-new): it will report by signal.
-        if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
-      }
-    }),
-  );
+  await ensureShards(ctx);
+  const byShard = new Map<number, AttemptStart[]>();
+  for (const { group, sibling, attempt } of todo) {
+    const episode = L.episodeOfAttempt(sibling, attempt);
+    const key = captureKey(episode);
+    const env = topology.servers[group.environment];
+    if (!env) throw ApplicationFailure.nonRetryable(`no environment server '${group.environment}' in the Gym deployment`, 'invariant_error');
+    L.markDispatched(group, sibling, group.environment);
+    const workflowId = rolloutWorkflowId(cfg.run.name, episode);
+    st.inFlight[key] = { episode, groupId: group.group_id, environment: group.environment, workflowId, stopSignalled: false };
+    if (cfg.async_rl.rollout_timeout_s !== null) D.addDeadline(st.deadlines, key, cfg.async_rl.rollout_timeout_s * 1000, Date.now());
+    const shard = shardOf(group.group_id, st.shards);
+    if (!byShard.has(shard)) byShard.set(shard, []);
+    byShard.get(shard)!.push({
+      episode,
+      environment: group.environment,
+      environmentUrl: env.url,
+      ...(topology.instances?.[group.environment] ? { expectedInstance: topology.instances[group.environment] } : {}),
+      ...(group.task_ref
+        ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index, group_attempt: group.cohort_attempt ?? 0 } }
+        : { task: group.tasks[sibling.generation_index] }),
+      summary: `rollout ${key} (${group.task_source}) of run ${cfg.run.name}`,
+      details: `group \`${group.group_id}\`, sibling ${sibling.generation_index}, Gym attempt ${attempt.gym_attempt}${attempt.continued ? ' (continued from a saved turn)' : ''}`,
+    });
+  }
+  await Promise.all([...byShard].map(([shard, attempts]) => sendStarts(ctx, shard, { attempts, topology: childTopology })));
 }
 
 /** Reserves up to `want` new prompt groups from the dataset (one bounded read). */

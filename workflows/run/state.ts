@@ -63,6 +63,8 @@ export interface RunState {
   levels: Record<string, EnvironmentLevel> | null;
   /** One per environment whose level was lowered (controller.md §5.6 rule 2). */
   levelWarnings: string[];
+  /** Rollout shards started (run/shards.ts); 0 before the first dispatch. */
+  shards: number;
 }
 
 export interface RestoredFrom {
@@ -142,6 +144,7 @@ export function initialState(config: RunConfig): RunState {
     missingAnchorStep: null,
     levels: null,
     levelWarnings: [],
+    shards: 0,
   };
 }
 
