@@ -10,7 +10,7 @@ import { parseArgs } from 'node:util';
 import { Client, Connection } from '@temporalio/client';
 import { RunConfigSchema } from '../protocol/run-config.js';
 import { startRun } from '../scripts/run.js';
-import { freePort, RAISED_LIMITS, startDevServer } from '../scripts/temporal-dev.mjs';
+import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
 import { closeActivityPools } from '../activities/index.js';
 import { createControllerWorkers } from '../worker.js';
@@ -19,6 +19,9 @@ import { checkpointNow, runStatus } from '../workflows/messages.js';
 import { onExit } from './lib/cleanup.js';
 import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { workflowLimits, worstOf } from './lib/workflow-limits.js';
+import { shardCount } from '../workflows/run/shards.js';
+import { shardWorkflowId } from '../workflows/rolloutShard.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
 
 const TOKEN = 'bench-controller-scale';
@@ -91,10 +94,11 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
 }
 
 /** The stage figures of one checkpoint taken with every rollout parked. */
-async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number): Promise<Row> {
+async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number, attemptIds: string[]): Promise<Row> {
   const askedAt = Date.now();
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
+  attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
   const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
@@ -112,11 +116,8 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
 
 async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${rollouts}-`));
-  // One run owns every attempt: past 2,000 in flight it needs limits that a user's cluster does
-  // not raise, so this run says it raises them.
-  const raise = rollouts > 1_900;
-  if (raise) console.log(`controller-scale: ${rollouts} in flight needs Temporal's pending-children limit raised (RAISED_LIMITS); a default cluster refuses it`);
-  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite'), ...(raise ? { extraDynamicConfig: RAISED_LIMITS } : {}) });
+  // Temporal's default limits, as a user's cluster has them.
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
   const stopServer = onExit('the Temporal dev server', () => server.stop());
   await writeFile(join(dir, 'gym.yaml'), GYM);
   const stopGym = onExit('the Gym deployment', () => downDeployment(join(dir, 'gym')));
@@ -179,9 +180,10 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   // K checkpoints of the same parked rollouts, back to back (a machine shared with others makes
   // one sample noisy): the row holds the median one's stages, and every admission-closed time.
   const taken: Row[] = [];
+  const attemptIds: string[] = [];
   for (let k = 0; k < checkpoints; k++) {
     if (k > 0) await sleep(2_000);
-    const one = await checkpointOnce(client, handle, rollouts);
+    const one = await checkpointOnce(client, handle, rollouts, attemptIds);
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(`  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s`);
@@ -192,6 +194,9 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const summary = await handle.result();
   const finishedAt = Date.now();
   const info = await handle.describe();
+  // The run, its shards and its checkpoint attempts against Temporal's default limits.
+  const ids = [cfg.run.name, ...Array.from({ length: shardCount(cfg) }, (_, k) => shardWorkflowId(cfg.run.name, k)), ...attemptIds];
+  const limits = worstOf(await Promise.all(ids.map(async (id) => workflowLimits((await client.workflow.getHandle(id).fetchHistory()).events ?? []))));
   const row: Row = {
     rollouts,
     ...median,
@@ -208,6 +213,11 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     failed_attempts: summary.failedRollouts,
     history_events: Number(info.historyLength),
     continued_as_new: summary.continuedAsNew,
+    shards: shardCount(cfg),
+    max_pending_children: limits.maxPendingChildren,
+    max_pending_activities: limits.maxPendingActivities,
+    max_signals_per_s: round3(limits.maxSignalsPerS),
+    max_payload_bytes: limits.maxPayloadBytes,
   };
   await connection.close();
   await workers.shutdown();
@@ -238,6 +248,10 @@ const file = writeBenchResult(
     checkpoint_s: Number(last.checkpoint_s),
     admission_closed_s: Number(last.admission_closed_s),
     dispatch_per_s: Number(last.dispatch_per_s),
+    admission_closed_median_s: Number(last.admission_closed_s),
+    max_pending_children: Number(last.max_pending_children),
+    max_signals_per_s: Number(last.max_signals_per_s),
+    max_payload_bytes: Number(last.max_payload_bytes),
   },
   rows,
 );

@@ -44,7 +44,6 @@ export interface DevServer {
 
 export const DEFAULT_SEARCH_ATTRIBUTES: Readonly<Record<string, SearchAttributeType>>;
 export const DEFAULT_DYNAMIC_CONFIG: Readonly<Record<string, string | number | boolean>>;
-export const RAISED_LIMITS: Readonly<Record<string, string | number | boolean>>;
 export function startDevServer(options?: DevServerOptions): Promise<DevServer>;
 export function freePort(): Promise<number>;
 export function isPortFree(port: number): Promise<boolean>;

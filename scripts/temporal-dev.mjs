@@ -40,16 +40,6 @@ export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
   'history.taskSchedulerEnableExecutionQueueScheduler': true,
 });
 
-/**
- * Raised limits for benchmarks of the single-run controller past 2,000 rollouts in flight (one
- * workflow owns every attempt there): never the default, and named as such where used.
- */
-export const RAISED_LIMITS = Object.freeze({
-  'limit.numPendingChildExecutions.error': 20000,
-  'limit.numPendingActivities.error': 20000,
-  'history.maximumSignalsPerExecution': 100000,
-});
-
 // temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
 const INDEXED_VALUE_TYPE = { Text: 1, Keyword: 2, Int: 3, Double: 4, Bool: 5, Datetime: 6, KeywordList: 7 };
 

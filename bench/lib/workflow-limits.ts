@@ -1,0 +1,69 @@
+// How close one workflow came to Temporal's default limits, read from its event history: the most
+// children and activities pending at once (2,000 each by default), the busiest stretch of signals
+// into it, and its largest payload (2 MB per payload by default; we aim well under 256 KB).
+import { eventMs, eventType, type HistoryEvents } from './history-timing.js';
+
+export interface WorkflowLimits {
+  maxPendingChildren: number;
+  maxPendingActivities: number;
+  /** Signals received in the busiest window, per second. */
+  maxSignalsPerS: number;
+  /** The largest payload (bytes of data) any one event carries. */
+  maxPayloadBytes: number;
+}
+
+const CHILD_CLOSED = new Set([
+  'childWorkflowExecutionCompleted',
+  'childWorkflowExecutionFailed',
+  'childWorkflowExecutionCanceled',
+  'childWorkflowExecutionTimedOut',
+  'childWorkflowExecutionTerminated',
+  'startChildWorkflowExecutionFailed',
+]);
+const ACTIVITY_CLOSED = new Set(['activityTaskCompleted', 'activityTaskFailed', 'activityTaskTimedOut', 'activityTaskCanceled']);
+
+/** Bytes of payload data anywhere in an event's attributes. */
+function payloadBytes(v: unknown): number {
+  if (v instanceof Uint8Array) return v.length;
+  if (Array.isArray(v)) return v.reduce((n: number, x) => n + payloadBytes(x), 0);
+  if (v && typeof v === 'object') {
+    let n = 0;
+    for (const [k, x] of Object.entries(v)) if (k !== 'metadata') n += payloadBytes(x);
+    return n;
+  }
+  return 0;
+}
+
+/** `windowS`: the stretch over which the signal rate counts as sustained. */
+export function workflowLimits(events: HistoryEvents, windowS = 10): WorkflowLimits {
+  let children = 0;
+  let activities = 0;
+  const out: WorkflowLimits = { maxPendingChildren: 0, maxPendingActivities: 0, maxSignalsPerS: 0, maxPayloadBytes: 0 };
+  const signals: number[] = [];
+  for (const e of events) {
+    const type = eventType(e);
+    if (type === 'startChildWorkflowExecutionInitiated') children += 1;
+    else if (CHILD_CLOSED.has(type)) children -= 1;
+    else if (type === 'activityTaskScheduled') activities += 1;
+    else if (ACTIVITY_CLOSED.has(type)) activities -= 1;
+    else if (type === 'workflowExecutionSignaled') signals.push(eventMs(e.eventTime));
+    out.maxPendingChildren = Math.max(out.maxPendingChildren, children);
+    out.maxPendingActivities = Math.max(out.maxPendingActivities, activities);
+    out.maxPayloadBytes = Math.max(out.maxPayloadBytes, payloadBytes(e));
+  }
+  for (let i = 0, j = 0; j < signals.length; j++) {
+    while (signals[j]! - signals[i]! > windowS * 1000) i++;
+    out.maxSignalsPerS = Math.max(out.maxSignalsPerS, (j - i + 1) / windowS);
+  }
+  return out;
+}
+
+/** The worst of each figure over several workflows. */
+export function worstOf(all: WorkflowLimits[]): WorkflowLimits {
+  return {
+    maxPendingChildren: Math.max(0, ...all.map((l) => l.maxPendingChildren)),
+    maxPendingActivities: Math.max(0, ...all.map((l) => l.maxPendingActivities)),
+    maxSignalsPerS: Math.max(0, ...all.map((l) => l.maxSignalsPerS)),
+    maxPayloadBytes: Math.max(0, ...all.map((l) => l.maxPayloadBytes)),
+  };
+}

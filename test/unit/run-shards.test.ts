@@ -1,0 +1,30 @@
+// How the run spreads its attempts over rollout shards (workflows/run/shards.ts): enough shards that
+// none owns more than about twice `rollouts_per_shard` pending children, groups spread evenly, and
+// the shards' report batches together stay within a few signals a second into the run.
+import { describe, expect, it } from 'vitest';
+import { flushIntervalMs, shardCount, shardOf } from '../../workflows/run/shards.js';
+import { runConfig } from '../workflows/harness.js';
+
+describe('rollout shards', () => {
+  it('one shard per rollouts_per_shard attempts of the in-flight window, at least one', () => {
+    expect(shardCount(runConfig('s', { async_rl: { max_in_flight_groups: 2 }, grpo: { num_generations_per_prompt: 2 } }))).toBe(1);
+    const big = runConfig('s', { async_rl: { max_in_flight_groups: 4_000 }, grpo: { num_generations_per_prompt: 4 } });
+    expect(shardCount(big)).toBe(32);
+    expect(shardCount({ ...big, controller: { ...big.controller, rollouts_per_shard: 1_000 } })).toBe(16);
+  });
+
+  it('every attempt of a group goes to one shard; 4,000 groups over 32 shards stay within 1.5× the mean', () => {
+    expect(shardOf('run.s1-p7', 32)).toBe(shardOf('run.s1-p7', 32));
+    const counts = new Array<number>(32).fill(0);
+    for (let i = 0; i < 4_000; i++) counts[shardOf(`run.s1-p${i}`, 32)]! += 1;
+    expect(Math.max(...counts)).toBeLessThanOrEqual(1.5 * (4_000 / 32));
+    expect(Math.min(...counts)).toBeGreaterThan(0);
+    // With 4 generations a group, the fullest shard owns far fewer than Temporal's 2,000 pending children.
+    expect(Math.max(...counts) * 4).toBeLessThan(1_000);
+  });
+
+  it('report batches from all shards together: at most 20 signals a second into the run', () => {
+    for (const shards of [1, 4, 20, 32, 100]) expect(shards * (1_000 / flushIntervalMs(shards))).toBeLessThanOrEqual(20);
+    expect(flushIntervalMs(1)).toBe(1_000);
+  });
+});
