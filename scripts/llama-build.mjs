@@ -6,10 +6,11 @@
 // scripts/bootstrap.mjs starts it detached, in the background, and only the tests and configs
 // that use llama.cpp wait for it (scripts/llama-paths.mjs). Its state is .tools/llama.json
 // (`building` → `ready` | `failed`), its output .tools/llama-build.log. The compile runs at the
-// lowest priority with at most two parallel jobs: it shares the machine with everything else.
+// lowest priority with at most two parallel jobs: it shares the machine with everything else. The
+// wheels it builds are kept in the user's cache (cachedWheels), so it compiles once per machine.
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, unlinkSync } from 'node:fs';
-import { setPriority } from 'node:os';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, unlinkSync } from 'node:fs';
+import { homedir, setPriority } from 'node:os';
 import { join } from 'node:path';
 import { llamaDigest, llamaPaths, writeLlamaStatus } from './llama-paths.mjs';
 
@@ -39,18 +40,42 @@ function output(cmd, args) {
   });
 }
 
+/**
+ * The wheels of scripts/llama-requirements.txt, built once per machine and kept in the user's cache
+ * under the digest of the pins and this script (so other flags build again): a fresh clone on a
+ * machine that built them installs in seconds instead of compiling for minutes. The directory is
+ * renamed into place complete, so a build that died leaves nothing half-built to reuse.
+ */
+async function cachedWheels(pip, digest) {
+  const base = process.env.ROLLOUT_CHECKPOINT_CACHE ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'rollout-checkpoint');
+  const dir = join(base, 'llama-wheels', digest.slice(0, 16));
+  const list = () => readdirSync(dir).filter((f) => f.endsWith('.whl')).map((f) => join(dir, f));
+  if (existsSync(dir) && list().length === 2) {
+    process.stdout.write(`\nllama-build: the wheels built before are in ${dir}\n`);
+    return list();
+  }
+  const tmp = `${dir}.tmp-${process.pid}`;
+  rmSync(tmp, { recursive: true, force: true });
+  mkdirSync(tmp, { recursive: true });
+  const parallel = Math.min(2, Number(process.env.CMAKE_BUILD_PARALLEL_LEVEL) || 2);
+  // Hash-checked sources; compiled with our flags (no wheel pip may have cached from others).
+  await run(pip, ['wheel', '--disable-pip-version-check', '--no-cache-dir', '--no-deps', '--require-hashes', '--no-build-isolation', '-v', '-w', tmp, '-r', p.requirementsFile], {
+    CMAKE_BUILD_PARALLEL_LEVEL: String(parallel),
+    CMAKE_ARGS: [...CMAKE_FLAGS, process.env.CMAKE_ARGS ?? ''].join(' ').trim(),
+  });
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(tmp, dir);
+  return list();
+}
+
 async function build() {
   const pip = join(p.venvDir, 'bin', 'pip');
   const python = join(p.venvDir, 'bin', 'python');
   if (!existsSync(pip)) await run('python3', ['-m', 'venv', p.venvDir]);
   await run(pip, ['install', '--disable-pip-version-check', '--only-binary=:all:', '-r', p.depsFile]);
-  const parallel = Math.min(2, Number(process.env.CMAKE_BUILD_PARALLEL_LEVEL) || 2);
-  // Built afresh each time this runs (it runs when the pins or these flags changed): pip would
-  // otherwise keep the installed build, or reuse a wheel cached from other flags.
-  await run(pip, ['install', '--disable-pip-version-check', '--no-cache-dir', '--force-reinstall', '--no-deps', '--require-hashes', '--no-build-isolation', '-v', '-r', p.requirementsFile], {
-    CMAKE_BUILD_PARALLEL_LEVEL: String(parallel),
-    CMAKE_ARGS: [...CMAKE_FLAGS, process.env.CMAKE_ARGS ?? ''].join(' ').trim(),
-  });
+  const wheels = await cachedWheels(pip, llamaDigest());
+  // The exact files built (or kept) for these pins: no index, nothing else resolved.
+  await run(pip, ['install', '--disable-pip-version-check', '--no-index', '--no-cache-dir', '--force-reinstall', '--no-deps', ...wheels]);
   const probe = await output(python, [
     '-c',
     [

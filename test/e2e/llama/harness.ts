@@ -192,6 +192,10 @@ export function llamaDeploymentYaml(opts: { backendUrl: string; apiKeyEnv?: stri
     `served_model: ${LLAMA_MODEL_ALIAS}`,
     ...(opts.apiKeyEnv ? [`api_key_env: ${opts.apiKeyEnv}`] : []),
     'checkpoint_policy: true',
+    // The episodes' calls stay short (a tool call needs a few tokens; an answer is scored as it is):
+    // unbounded, SmolLM2 may write until its context is full, which on a busy 2-core machine made
+    // a three-step run take minutes.
+    'extra_body: { max_tokens: 64 }',
   ].join(', ');
   return [
     '# A Gym deployment over llama.cpp (written by test/e2e/llama/harness.ts).',
