@@ -15,6 +15,7 @@ import {
   isCancellation,
   log,
   setHandler,
+  sleep,
   startChild,
   workflowInfo,
 } from '@temporalio/workflow';
@@ -69,7 +70,8 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
   const inFlight = new Set<CaptureKey>(input.carried?.inFlight ?? []);
   let closed = false;
   let changed = false;
-  let lastFlushMs = Number.NEGATIVE_INFINITY;
+  /** A batch went up less than `flushIntervalMs` ago (a timer, not the clock: see flush()). */
+  let pacing = false;
   const selfId = workflowInfo().workflowId;
 
   setHandler(startAttempts, (batch) => {
@@ -129,9 +131,18 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     if (queue.length) changed = true;
   }
 
-  /** Sends the reports up; false when the run is gone (nobody to report to). */
+  /**
+   * Sends the reports up; false when the run is gone (nobody to report to). The pause before the
+   * next batch is a timer whose firing is in the history: a decision on `Date.now()` could differ on
+   * replay, since the SDK may run a workflow's code with the clock of an older task (on a fresh
+   * worker answering a query, see docs/controller.md).
+   */
   async function flush(): Promise<boolean> {
-    lastFlushMs = Date.now();
+    pacing = true;
+    void sleep(input.flushIntervalMs).then(() => {
+      pacing = false;
+      changed = true;
+    });
     while (reports.length) {
       const batch = reports.slice(0, MAX_REPORTS_PER_SIGNAL);
       try {
@@ -150,7 +161,7 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
   for (;;) {
     changed = false;
     await startQueued();
-    if (reports.length && (closed || Date.now() - lastFlushMs >= input.flushIntervalMs)) {
+    if (reports.length && (closed || !pacing)) {
       if (!(await flush())) return;
     }
     // Closed by the run at its end: nothing of it is in flight any more (or it failed and no one listens).
@@ -162,7 +173,6 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
       await continueAsNew<typeof rolloutShard>({ ...input, carried });
     }
     if (changed) continue;
-    if (reports.length) await condition(() => changed, Math.max(1, lastFlushMs + input.flushIntervalMs - Date.now()));
-    else await condition(() => changed);
+    await condition(() => changed);
   }
 }
