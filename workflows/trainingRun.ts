@@ -16,7 +16,7 @@ import {
   stopRun,
   type RunStatus,
 } from './messages.js';
-import { checkpointDue, nextCheckpointMs, startCheckpoint } from './run/checkpoints.js';
+import { armCheckpointTimer, checkpointDue, startCheckpoint } from './run/checkpoints.js';
 import { MAX_CARRIED_STATE_BYTES, packRunState, unpackRunState } from './run/codec.js';
 import { coldStart, setupLevels } from './run/cold-start.js';
 import { RunContext } from './run/context.js';
@@ -78,6 +78,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     let coldRecoveryPending = false;
     if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(ctx, st.topology);
     await upsertMemo({ run: cfg.run.name, steps: st.steps });
+    armCheckpointTimer(ctx);
     const inFlight = (): number => Object.keys(st.inFlight).length;
     const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && inFlight() === 0 && !ctx.checkpointRunning;
 
@@ -112,8 +113,8 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           log.error('run state too large to continue as new; continuing on the current history', { bytes, limit: MAX_CARRIED_STATE_BYTES, inFlight: inFlight() });
         }
       }
-      const timeouts = [D.nextExpiryMs(st.deadlines, Date.now()), nextCheckpointMs(ctx)].filter((x): x is number => x !== undefined);
-      const wait = timeouts.length ? Math.max(1, Math.min(...timeouts)) : undefined;
+      const expiry = D.nextExpiryMs(st.deadlines, Date.now());
+      const wait = expiry === undefined ? undefined : Math.max(1, expiry);
       if (!ctx.changed) {
         if (wait === undefined) await condition(() => ctx.changed || ctx.fatal !== undefined);
         else await condition(() => ctx.changed || ctx.fatal !== undefined, wait);

@@ -1,7 +1,7 @@
 // The checkpoint pump: when a checkpoint is due (periodic, trainer boundary, manual, or a pending
 // release/abort to retry), its attempt started as a child workflow with admission closed, its
 // outcome recorded, and "Gym does not recover" decided from the failures of a Gym that is up.
-import { ApplicationFailure, ParentClosePolicy, log, setCurrentDetails, startChild, upsertMemo, uuid4 } from '@temporalio/workflow';
+import { ApplicationFailure, ParentClosePolicy, log, setCurrentDetails, sleep, startChild, upsertMemo, uuid4 } from '@temporalio/workflow';
 import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/controller.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
@@ -25,18 +25,29 @@ export function checkpointDue(ctx: RunContext): boolean {
   const { st } = ctx;
   if (ctx.checkpointRunning || !st.topology) return false;
   if (ctx.manualRequested > ctx.manualServed || ctx.boundaryRequested) return true;
-  if (st.pendingRelease || st.pendingAbort) return Date.now() - (st.lastCheckpointAtMs ?? 0) >= Math.min(ctx.intervalMs ?? PENDING_RETRY_MS, PENDING_RETRY_MS);
-  if (ctx.intervalMs === null) return false;
-  return Date.now() - (st.lastCheckpointAtMs ?? ctx.startedAtMs) >= ctx.intervalMs;
+  return ctx.checkpointTimerFired;
 }
 
-/** How long until a checkpoint is due (undefined: not by time). */
-export function nextCheckpointMs(ctx: RunContext): number | undefined {
+/**
+ * (Re)arms the timer after which the next periodic checkpoint, or a pending release/abort's retry,
+ * is due. Due when the timer fires, not when the clock says so: the SDK may run workflow code with
+ * an older task's clock (a fresh worker answering a query), and a decision on the clock then
+ * differs on replay (docs/controller.md). Only the duration comes from the clock.
+ */
+export function armCheckpointTimer(ctx: RunContext): void {
   const { st } = ctx;
-  if (ctx.checkpointRunning) return undefined;
-  if (st.pendingRelease || st.pendingAbort) return PENDING_RETRY_MS;
-  if (ctx.intervalMs === null) return undefined;
-  return Math.max(0, ctx.intervalMs - (Date.now() - (st.lastCheckpointAtMs ?? ctx.startedAtMs)));
+  const pending = st.pendingRelease !== null || st.pendingAbort !== null;
+  const period = pending ? Math.min(ctx.intervalMs ?? PENDING_RETRY_MS, PENDING_RETRY_MS) : ctx.intervalMs;
+  ctx.checkpointTimerFired = false;
+  const seq = ++ctx.checkpointTimerSeq;
+  if (period === null) return;
+  const left = Math.max(1, period - (Date.now() - (st.lastCheckpointAtMs ?? ctx.startedAtMs)));
+  void sleep(left).then(() => {
+    // A timer armed before the last checkpoint ended is stale.
+    if (seq !== ctx.checkpointTimerSeq) return;
+    ctx.checkpointTimerFired = true;
+    ctx.wake();
+  });
 }
 
 /** Starts the due checkpoint beside the main loop; its outcome is recorded (and answered, if manual). */
@@ -65,6 +76,7 @@ export function startCheckpoint(ctx: RunContext): void {
       ctx.fatal = err instanceof ApplicationFailure ? err : ApplicationFailure.nonRetryable(String(err), 'invariant_error');
     } finally {
       ctx.checkpointRunning = false;
+      armCheckpointTimer(ctx);
       ctx.wake();
     }
   })();

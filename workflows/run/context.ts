@@ -30,6 +30,9 @@ export class RunContext {
   changed = false;
   fatal: ApplicationFailure | undefined;
   checkpointRunning = false;
+  /** The periodic checkpoint's timer fired (run/checkpoints.ts armCheckpointTimer). */
+  checkpointTimerFired = false;
+  checkpointTimerSeq = 0;
   /** A trainer anchor was written: its trainer-boundary snapshot comes before the next step. */
   boundaryRequested = false;
   training = false;
