@@ -1,7 +1,8 @@
 // Signals, queries and updates between the client, the training run and its children.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import type { CaptureKey, EpisodeId } from '../protocol/episode-id.js';
-import type { CheckpointOutcome, GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
+import type { CaptureKey } from '../protocol/episode-id.js';
+import type { CheckpointOutcome, GymTopology, RolloutReport } from '../protocol/controller.js';
+import type { RolloutAttemptInput } from './rolloutAttempt.js';
 
 /** A rollout attempt → its shard (by workflow ID, so it reaches the shard's current run after continue-as-new). */
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
@@ -9,16 +10,10 @@ export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
 export const rolloutsFinished = defineSignal<[RolloutReport[]]>('rolloutsFinished');
 
 /** What a shard needs to start one rollout attempt (the rest is the same for all: its input). */
-export interface AttemptStart {
-  episode: EpisodeId;
-  environment: string;
-  environmentUrl: string;
-  expectedInstance?: string;
-  task?: unknown;
-  taskRef?: TaskRef;
+export type AttemptStart = Pick<RolloutAttemptInput, 'episode' | 'environment' | 'environmentUrl' | 'expectedInstance' | 'task' | 'taskRef'> & {
   summary: string;
   details: string;
-}
+};
 export interface AttemptStarts {
   attempts: AttemptStart[];
   /** The participants, which each attempt retires itself from (as discovered last). */
