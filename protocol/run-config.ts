@@ -116,8 +116,22 @@ export const RunConfigSchema = z.strictObject({
        * shards, so no workflow owns more than about twice this many pending children.
        */
       rollouts_per_shard: z.number().int().min(1).max(1_000).default(500),
+      /**
+       * How long an activity's task may wait for a worker before it is scheduled again: the server
+       * can lose a task in a restart, and nothing else would ever time it out. Also how often a
+       * `/run` queued behind a full rollout worker is re-queued, so keep it well above a rollout's
+       * usual wait for a slot.
+       */
+      schedule_to_start_timeout_s: z.number().min(1).max(86_400).default(120),
     })
-    .default({ max_history_events: 8_000, late_result_wait_ms: 3_000, run_heartbeat_timeout_s: 120, gym_recovery_timeout_s: 600, rollouts_per_shard: 500 }),
+    .default({
+      max_history_events: 8_000,
+      late_result_wait_ms: 3_000,
+      run_heartbeat_timeout_s: 120,
+      gym_recovery_timeout_s: 600,
+      rollouts_per_shard: 500,
+      schedule_to_start_timeout_s: 120,
+    }),
 });
 
 export type RunConfig = z.infer<typeof RunConfigSchema>;

@@ -1,19 +1,74 @@
 // The activity proxies of the workflows, with their timeouts and retry policies side by side.
-import { ActivityCancellationType, proxyActivities, proxyLocalActivities } from '@temporalio/workflow';
+import {
+  ActivityCancellationType,
+  ActivityFailure,
+  TimeoutFailure,
+  log,
+  proxyActivities,
+  proxyLocalActivities,
+  type ActivityOptions,
+} from '@temporalio/workflow';
+import { TimeoutType } from '@temporalio/common';
 import type { createActivities } from '../activities/index.js';
 import { NON_RETRYABLE_ERROR_TYPES } from '../protocol/controller.js';
 
 type ActivityFunctions = ReturnType<typeof createActivities>;
 export type Activities = ReturnType<typeof proxyActivities<ActivityFunctions>>;
 
+/** Where an activity runs and how long its task may wait for a worker before it is scheduled again. */
+export interface ActivityPlacement {
+  taskQueue?: string | undefined;
+  /** `controller.schedule_to_start_timeout_s`. */
+  scheduleToStartTimeoutS: number;
+}
+
+function isLostTask(err: unknown): boolean {
+  return err instanceof ActivityFailure && err.cause instanceof TimeoutFailure && err.cause.timeoutType === TimeoutType.SCHEDULE_TO_START;
+}
+
+async function untilStarted<T>(name: string, call: () => Promise<T>): Promise<T> {
+  for (let n = 1; ; n++) {
+    try {
+      return await call();
+    } catch (err) {
+      if (!isLostTask(err)) throw err;
+      log.warn('an activity task was not taken by any worker in time; scheduling it again', { activity: name, times: n });
+    }
+  }
+}
+
+/**
+ * Activities scheduled with a schedule-to-start timeout and scheduled again when it passes. A task
+ * the server loses (a restart between its scheduling and a worker taking it: chaos seed 107,
+ * temporalio/temporal#9118) has no other deadline: start-to-close and heartbeat timeouts begin only
+ * once a worker has it, so the workflow would wait for it for ever. Every activity here is
+ * idempotent (a `/run` of the same attempt attaches to the running episode).
+ */
+function proxy(placement: ActivityPlacement, options: Omit<ActivityOptions, 'taskQueue' | 'scheduleToStartTimeout'>): Activities {
+  const acts = proxyActivities<ActivityFunctions>({
+    ...options,
+    ...(placement.taskQueue !== undefined ? { taskQueue: placement.taskQueue } : {}),
+    scheduleToStartTimeout: `${placement.scheduleToStartTimeoutS} seconds`,
+  });
+  return new Proxy(acts, {
+    get(target, name: string) {
+      const fn = (target as Record<string, unknown>)[name] as ((...args: unknown[]) => Promise<unknown>) & {
+        executeWithOptions: (o: unknown, a: unknown[]) => Promise<unknown>;
+      };
+      const wrapped = (...args: unknown[]): Promise<unknown> => untilStarted(name, () => fn(...args));
+      wrapped.executeWithOptions = (o: unknown, a: unknown[]): Promise<unknown> => untilStarted(name, () => fn.executeWithOptions(o, a));
+      return wrapped;
+    },
+  });
+}
+
 const nonRetryableErrorTypes = [...NON_RETRYABLE_ERROR_TYPES];
 
 const controlRetry = { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', maximumAttempts: 4, nonRetryableErrorTypes };
 
 /** Control calls: a few quick retries with the same ID and arguments; the pump owns new attempts. */
-export function controlActivities(taskQueue?: string): Activities {
-  return proxyActivities<ActivityFunctions>({
-    taskQueue,
+export function controlActivities(placement: ActivityPlacement): Activities {
+  return proxy(placement, {
     startToCloseTimeout: '10 minutes',
     // Short: a worker that dies in the middle of a checkpoint is noticed within seconds.
     heartbeatTimeout: '15 seconds',
@@ -26,21 +81,30 @@ export function controlActivities(taskQueue?: string): Activities {
  * long as the run waits (`controller.gym_recovery_timeout_s`); each try shows in the UI as the
  * pending activity's attempt and last failure. Refusals (a deployment without a model…) end it.
  */
-export function gymRecoveryActivities(taskQueue: string | undefined, timeoutS: number): Activities {
-  return proxyActivities<ActivityFunctions>({
-    taskQueue,
+export function gymRecoveryActivities(placement: ActivityPlacement, timeoutS: number): Activities {
+  return proxy(placement, {
     scheduleToCloseTimeout: `${timeoutS} seconds`,
     startToCloseTimeout: '1 minute',
     retry: { initialInterval: '1 second', backoffCoefficient: 1.5, maximumInterval: '10 seconds', nonRetryableErrorTypes },
   });
 }
 
+/**
+ * One look at Gym (discovery) after live failures: a server that does not answer, or answers as a
+ * new process, means the failures were a crash's. Not retried: an unreachable server is the answer.
+ */
+export function gymProbeActivities(placement: ActivityPlacement): Activities {
+  return proxy(placement, {
+    startToCloseTimeout: '30 seconds',
+    retry: { maximumAttempts: 1 },
+  });
+}
+
 const storageRetry = { initialInterval: '500 ms', maximumInterval: '10 seconds', maximumAttempts: 5, nonRetryableErrorTypes };
 
 /** Snapshot file I/O and ledger bookkeeping: retried until they succeed or fail for good. */
-export function storageActivities(taskQueue?: string): Activities {
-  return proxyActivities<ActivityFunctions>({
-    taskQueue,
+export function storageActivities(placement: ActivityPlacement): Activities {
+  return proxy(placement, {
     startToCloseTimeout: '10 minutes',
     // Long ones heartbeat; this bounds how long an activity on a dead worker goes unnoticed.
     heartbeatTimeout: '20 seconds',
@@ -73,9 +137,8 @@ export function controlLocalActivities(): LocalActivities {
 }
 
 /** One long `/run`: hours at most, a heartbeat to notice a dead worker, unlimited transient retries. */
-export function runActivities(taskQueue: string | undefined, heartbeatTimeoutS: number): Activities {
-  return proxyActivities<ActivityFunctions>({
-    taskQueue,
+export function runActivities(placement: ActivityPlacement, heartbeatTimeoutS: number): Activities {
+  return proxy(placement, {
     // Explicit: with the option unset, SDK 1.24 sends no cancellation type and core applies
     // TRY_CANCEL (proto default 0), despite the documented default. A rollout deadline must see
     // the `/run` actually ended before it reports (controller.md §6, C6).

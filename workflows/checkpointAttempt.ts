@@ -38,6 +38,8 @@ export interface CheckpointAttemptInput {
   anchor: string;
   prepareTimeoutS: number;
   controlTaskQueue: string;
+  /** `controller.schedule_to_start_timeout_s`. */
+  scheduleToStartTimeoutS: number;
   /** Where the Gym's endpoints are (to check that no participant restarted since discovery). */
   gymRunDir: string;
   requireModel: boolean;
@@ -60,8 +62,9 @@ class AttemptFailed extends Error {
 
 
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
-  const control = controlActivities(input.controlTaskQueue);
-  const storage = storageActivities(input.controlTaskQueue);
+  const placement = { taskQueue: input.controlTaskQueue, scheduleToStartTimeoutS: input.scheduleToStartTimeoutS };
+  const control = controlActivities(placement);
+  const storage = storageActivities(placement);
   // Allocation, the restart check and publication are short file or status reads: local
   // activities in this worker, so neither a server round trip and workflow task each nor
   // publication's input (the scope's keys) lands in the history while admission is closed.

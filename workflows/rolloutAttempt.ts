@@ -38,6 +38,8 @@ export interface RolloutAttemptInput {
   retireTimeoutS: number;
   /** `controller.run_heartbeat_timeout_s`. */
   runHeartbeatTimeoutS: number;
+  /** `controller.schedule_to_start_timeout_s`. */
+  scheduleToStartTimeoutS: number;
 }
 
 export async function rolloutAttempt(input: RolloutAttemptInput): Promise<RolloutReport> {
@@ -51,8 +53,8 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   setHandler(stopAttempt, (reason) => {
     stopped ??= { status: 'retired', reason };
   });
-  const runActs = runActivities(input.runTaskQueue, input.runHeartbeatTimeoutS);
-  const control = controlActivities(input.controlTaskQueue);
+  const runActs = runActivities({ taskQueue: input.runTaskQueue, scheduleToStartTimeoutS: input.scheduleToStartTimeoutS }, input.runHeartbeatTimeoutS);
+  const control = controlActivities({ taskQueue: input.controlTaskQueue, scheduleToStartTimeoutS: input.scheduleToStartTimeoutS });
 
   const scope = new CancellationScope();
   const run = scope.run(() =>

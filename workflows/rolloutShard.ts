@@ -34,7 +34,7 @@ export interface RolloutShardInput {
   runWorkflowId: string;
   shard: number;
   /** The settings every attempt it starts shares. */
-  attempts: Pick<RolloutAttemptInput, 'controlTaskQueue' | 'runTaskQueue' | 'retireTimeoutS' | 'runHeartbeatTimeoutS'>;
+  attempts: Pick<RolloutAttemptInput, 'controlTaskQueue' | 'runTaskQueue' | 'retireTimeoutS' | 'runHeartbeatTimeoutS' | 'scheduleToStartTimeoutS'>;
   /** The task queue of the attempt workflows. */
   taskQueue: string;
   /** Least time between two report batches: the run's signal rate stays bounded, however many shards. */

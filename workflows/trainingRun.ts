@@ -4,7 +4,6 @@
 // controller's durable memory. Checkpoint attempts are its children; rollout attempts are children
 // of its rollout shards (run/shards.ts), which relay their reports in batches.
 import { ContinueAsNew, allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, upsertMemo, workflowInfo } from '@temporalio/workflow';
-import * as D from './deadlines.js';
 import {
   checkpointCommitted,
   checkpointNow,
@@ -19,8 +18,10 @@ import {
 import { armCheckpointTimer, checkpointDue, startCheckpoint } from './run/checkpoints.js';
 import { MAX_CARRIED_STATE_BYTES, packRunState, unpackRunState } from './run/codec.js';
 import { coldStart, setupLevels } from './run/cold-start.js';
+import { startDeadlineClock } from './run/deadline-clock.js';
 import { RunContext } from './run/context.js';
 import { dispatch, forgetFinished } from './run/dispatch.js';
+import { settleLiveFailures } from './run/live-failures.js';
 import { recoverGym } from './run/recovery.js';
 import { closeShards } from './run/shards.js';
 import { signalExpired, stopAbandoned, takeReports } from './run/stops.js';
@@ -79,6 +80,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(ctx, st.topology);
     await upsertMemo({ run: cfg.run.name, steps: st.steps });
     armCheckpointTimer(ctx);
+    startDeadlineClock(ctx);
     const inFlight = (): number => Object.keys(st.inFlight).length;
     const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && inFlight() === 0 && !ctx.checkpointRunning;
 
@@ -86,6 +88,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (ctx.fatal) throw ctx.fatal;
       ctx.changed = false;
       takeReports(ctx);
+      await settleLiveFailures(ctx);
       await trainReadyGroups(ctx);
       if (st.recoveryNeeded && !ctx.checkpointRunning) await recoverGym(ctx, coldRecoveryPending);
       coldRecoveryPending = false;
@@ -113,12 +116,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
           log.error('run state too large to continue as new; continuing on the current history', { bytes, limit: MAX_CARRIED_STATE_BYTES, inFlight: inFlight() });
         }
       }
-      const expiry = D.nextExpiryMs(st.deadlines, Date.now());
-      const wait = expiry === undefined ? undefined : Math.max(1, expiry);
-      if (!ctx.changed) {
-        if (wait === undefined) await condition(() => ctx.changed || ctx.fatal !== undefined);
-        else await condition(() => ctx.changed || ctx.fatal !== undefined, wait);
-      }
+      if (!ctx.changed) await condition(() => ctx.changed || ctx.fatal !== undefined);
     }
 
     await forgetFinished(ctx, true);

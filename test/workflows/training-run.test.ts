@@ -7,7 +7,7 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { WorkflowFailedError, WorkflowUpdateStage, type WorkflowHandleWithFirstExecutionRunId } from '@temporalio/client';
 import type { TestWorkflowEnvironment } from '@temporalio/testing';
-import type { WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import { Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { parseCaptureKey } from '../../protocol/ids.js';
@@ -537,6 +537,39 @@ describe('live failures', () => {
   });
 });
 
+describe('lost activity tasks', () => {
+  it('18. a /run task no worker takes within controller.schedule_to_start_timeout_s (a task the server lost) is scheduled again, and the attempt goes on', async () => {
+    const gym = new FakeGym();
+    const cfg = runConfig('lost-run-task', {
+      run: { rollout_task_queue: 'tq-lost-run-task-rollouts' },
+      grpo: { max_num_steps: 1 },
+      controller: { schedule_to_start_timeout_s: 1 },
+    });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      // Nobody polls the rollout task queue yet: both /run tasks wait past the timeout.
+      const attemptId = rolloutWorkflowId(cfg.run.name, { rollout_id: `${cfg.run.name}.p0.g0`, attempt: 0 });
+      const timedOut = async (): Promise<number> => {
+        const history = await env.client.workflow.getHandle(attemptId).fetchHistory().catch(() => undefined);
+        return (history?.events ?? []).filter((e) => e.activityTaskTimedOutEventAttributes).length;
+      };
+      await until(async () => (await timedOut()) >= 1, 'the first /run task to time out unstarted', 20_000);
+      expect(gym.runKeys()).toEqual([]);
+      const rollouts = await Worker.create({
+        connection: env.nativeConnection,
+        taskQueue: cfg.run.rollout_task_queue,
+        activities: { runEpisode: gym.activities().runEpisode! },
+      });
+      const summary = await rollouts.runUntil(handle.result());
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
+      expectRunsOnce(gym);
+      const history = await env.client.workflow.getHandle(attemptId).fetchHistory();
+      const scheduled = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'runEpisode');
+      expect(scheduled.length).toBeGreaterThanOrEqual(2);
+    });
+  }, 60_000);
+});
+
 describe('Gym crashes (no crash ends a run)', () => {
   /** A checkpoint whose prepare is held when Gym dies: the prepare breaks (unreachable). */
   async function checkpointCaughtByCrash(gym: FakeGym, handle: RunHandle): Promise<CheckpointOutcome> {
@@ -612,6 +645,29 @@ describe('Gym crashes (no crash ends a run)', () => {
       const [first, crashed] = gym.metrics.map((m) => checkpointWorkflowId(cfg.run.name, m.checkpointId));
       const attempts = [...new Set(gym.runKeys())].filter((k) => k.endsWith('.g0') || k.endsWith('.g0-a1'));
       await recordHistories(env, 'gym-crash', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), first!, crashed!, ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
+    });
+  }, 60_000);
+
+  it('19. rollouts that fail while a Gym server is down are the crash\'s: the run looks at Gym, recovers, and reruns them without charging an attempt (chaos seed 109)', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    // One attempt per sibling: a charged failure would give the sibling up (masked, reward 0).
+    const cfg = runConfig('failures-under-crash', { grpo: { max_num_steps: 1 }, async_rl: { max_attempts_per_sibling: 1 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      const keys = [...gym.running].sort();
+      // A tool server dies: the environment (spared) fails both episodes, connection refused.
+      gym.crash(keys);
+      for (const k of keys) gym.failRun(k, 'tool call failed: connect ECONNREFUSED 127.0.0.1:3');
+      await until(() => gym.count('discover') >= 2, 'the run looking at Gym');
+      await delay(500);
+      gym.comeBack();
+      await until(() => keys.every((k) => gym.runKeys().includes(`${k}-a1`)), 'both rerun as attempt 1');
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0, rewardPerStep: [1] });
+      expect(summary.recoveries).toHaveLength(1);
+      expectRunsOnce(gym);
     });
   }, 60_000);
 

@@ -18,7 +18,7 @@ const PENDING_RETRY_MS = 5_000;
 
 function openGymGate(ctx: RunContext): void {
   ctx.st.gates.gymCheckpoint = false;
-  D.release(ctx.st.deadlines, GYM_HOLDER, Date.now());
+  D.release(ctx.st.deadlines, GYM_HOLDER);
 }
 
 export function checkpointDue(ctx: RunContext): boolean {
@@ -161,7 +161,7 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
   const checkpointId = `rollout-step-${st.steps}-snapshot-${st.checkpointSeq}-${uuid4().replace(/-/g, '')}`;
   const closedAt = Date.now();
   st.gates.gymCheckpoint = true;
-  D.hold(st.deadlines, GYM_HOLDER, Date.now());
+  D.hold(st.deadlines, GYM_HOLDER);
   setCurrentDetails(`**run** \`${cfg.run.name}\`: checkpoint \`${checkpointId}\` (${trigger}) in progress`);
   // Scope candidates: attempts in flight, and restored replacements (N+1) not dispatched yet —
   // a scope that left them out would delete their saved turns.
@@ -189,6 +189,7 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
         anchor: st.steps === 0 ? 'bootstrap' : `step_${st.steps}`,
         prepareTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
         controlTaskQueue: cfg.run.task_queue,
+        scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
         gymRunDir: cfg.run.gym_run_dir,
         requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
       },

@@ -4,7 +4,7 @@
 import { ApplicationFailure, workflowInfo } from '@temporalio/workflow';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
-import { controlActivities, gymRecoveryActivities, storageActivities, storageLocalActivities, type Activities, type LocalActivities } from '../activities-proxy.js';
+import { controlActivities, gymProbeActivities, gymRecoveryActivities, storageActivities, storageLocalActivities, type Activities, type LocalActivities } from '../activities-proxy.js';
 import type { CheckpointCommitted, CheckpointPrepared, RunStatus } from '../messages.js';
 import type { InFlight, RunState } from './state.js';
 
@@ -16,6 +16,8 @@ export class RunContext {
   readonly storage: Activities;
   /** The ledger cut: a local activity, so the ledger stays out of the history. */
   readonly storageLocal: LocalActivities;
+  /** One discovery after live failures, not retried (run/live-failures.ts). */
+  readonly gymProbe: Activities;
   /** Discovery while a recovery waits for Gym (bounded by `controller.gym_recovery_timeout_s`). */
   readonly gymRecovery: Activities;
   readonly totalGroups: number;
@@ -30,6 +32,8 @@ export class RunContext {
   changed = false;
   fatal: ApplicationFailure | undefined;
   checkpointRunning = false;
+  /** The deadline clock ticked past some deadline (run/deadline-clock.ts): signalExpired() looks. */
+  expiryDue = false;
   /** The periodic checkpoint's timer fired (run/checkpoints.ts armCheckpointTimer). */
   checkpointTimerFired = false;
   checkpointTimerSeq = 0;
@@ -52,11 +56,12 @@ export class RunContext {
     readonly cfg: RunConfig,
     readonly st: RunState,
   ) {
-    const tq = cfg.run.task_queue;
-    this.control = controlActivities(tq);
-    this.storage = storageActivities(tq);
+    const placement = { taskQueue: cfg.run.task_queue, scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s };
+    this.control = controlActivities(placement);
+    this.storage = storageActivities(placement);
     this.storageLocal = storageLocalActivities();
-    this.gymRecovery = gymRecoveryActivities(tq, cfg.controller.gym_recovery_timeout_s);
+    this.gymProbe = gymProbeActivities(placement);
+    this.gymRecovery = gymRecoveryActivities(placement, cfg.controller.gym_recovery_timeout_s);
     this.totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
     this.trainerKind = cfg.trainer.kind;
     this.ownsWeights = cfg.trainer.enabled && cfg.trainer.kind !== 'none';

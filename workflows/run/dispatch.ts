@@ -42,7 +42,7 @@ export async function dispatch(ctx: RunContext): Promise<void> {
     L.markDispatched(group, sibling, group.environment);
     const workflowId = rolloutWorkflowId(cfg.run.name, episode);
     st.inFlight[key] = { episode, groupId: group.group_id, environment: group.environment, workflowId, stopSignalled: false };
-    if (cfg.async_rl.rollout_timeout_s !== null) D.addDeadline(st.deadlines, key, cfg.async_rl.rollout_timeout_s * 1000, Date.now());
+    if (cfg.async_rl.rollout_timeout_s !== null) D.addDeadline(st.deadlines, key, cfg.async_rl.rollout_timeout_s * 1000);
     const shard = shardOf(group.group_id, st.shards);
     if (!byShard.has(shard)) byShard.set(shard, []);
     byShard.get(shard)!.push({

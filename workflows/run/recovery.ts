@@ -9,6 +9,7 @@ import { describeFailure } from '../failures.js';
 import * as L from '../ledger.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import { record, retryPending } from './checkpoints.js';
+import { settleLiveFailures } from './live-failures.js';
 import type { RunContext } from './context.js';
 import { signalExpired, stopAbandoned, takeReports } from './stops.js';
 import { MAX_KEPT_OUTCOMES, type RecoveryRecord } from './state.js';
@@ -19,11 +20,13 @@ const RECOVERY_HOLDER = 'gym-recovery';
 export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
   const { st, cfg } = ctx;
   // While Gym is down its attempts cannot report: their clocks stop, or a crash would spend them.
-  D.hold(st.deadlines, RECOVERY_HOLDER, Date.now());
+  D.hold(st.deadlines, RECOVERY_HOLDER);
   ctx.recovering = true;
   let held = true;
   const rec: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
   try {
+    // Failures not yet charged were this crash's: their siblings start over uncharged.
+    await settleLiveFailures(ctx);
     // Gym first: attempts in flight report only once their processes answer again.
     st.topology = await waitForGym(ctx);
     // Gym is up: the failures before this were its crash, not a Gym that does not recover.
@@ -33,16 +36,14 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     await settlePending(ctx);
     // Gym is up: the attempts still in flight on surviving processes run as usual until they
     // report, deadlines included (a hung one is stopped at its deadline instead of holding this).
-    D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
+    D.release(st.deadlines, RECOVERY_HOLDER);
     held = false;
     for (;;) {
       takeReports(ctx);
       await stopAbandoned(ctx);
       await signalExpired(ctx);
       if (Object.keys(st.inFlight).length === 0) break;
-      const next = D.nextExpiryMs(st.deadlines, Date.now());
-      if (next === undefined) await condition(() => st.reports.length > 0);
-      else await condition(() => st.reports.length > 0, Math.max(1, next));
+      await condition(() => st.reports.length > 0 || (ctx.expiryDue && D.isRunning(st.deadlines)));
     }
     // Again: a second crash may have come while the attempts reported.
     const topology = await waitForGym(ctx);
@@ -83,7 +84,7 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     st.recoveries = [...st.recoveries, rec].slice(-MAX_KEPT_OUTCOMES);
     st.recoveryNeeded = false;
     ctx.recovering = false;
-    if (held) D.release(st.deadlines, RECOVERY_HOLDER, Date.now());
+    if (held) D.release(st.deadlines, RECOVERY_HOLDER);
     ctx.wake();
   }
 }

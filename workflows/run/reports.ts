@@ -1,6 +1,8 @@
 // What the run's rollout attempts report, applied to its state (pure: no workflow APIs, unit-tested
-// on its own): results sealed, live failures retried within the attempt budget or given up, a
-// crashed Gym noted for recovery, cohort-mates of a group that starts over listed to be stopped.
+// on its own): results sealed, a crashed Gym noted for recovery, live failures held until the run
+// has looked at Gym, then either put down to a Gym crash or retried within the attempt budget (or
+// given up), cohort-mates of a group that starts over listed to be stopped.
+import type { RolloutReport } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
@@ -15,6 +17,19 @@ export interface AppliedReports {
   gaveUp: Array<{ key: string; reason: string | undefined }>;
 }
 
+/** The sibling whose current attempt the report is about, or undefined (a superseded attempt). */
+function currentSibling(st: RunState, r: RolloutReport): ReturnType<typeof L.findSibling> {
+  const found = L.findSibling(st.ledger, r.episode.rollout_id);
+  return found && L.currentAttempt(found.sibling).gym_attempt === r.episode.attempt ? found : undefined;
+}
+
+/**
+ * Applies the reports received so far. A live failure (`failed`) is not charged to its sibling yet:
+ * a Gym server that died under the episode (a tool server killed, its connections refused) fails
+ * it the same way a bad episode does, and a crash must not spend the attempt budget. It waits in
+ * `unconfirmedFailures` until the run has looked at Gym (settleFailures); during a recovery every
+ * failure is put down to the crash at once.
+ */
 export function applyReports(st: RunState, cfg: RunConfig): AppliedReports {
   const out: AppliedReports = { toStop: [], gaveUp: [] };
   const reports = st.reports;
@@ -28,34 +43,59 @@ export function applyReports(st: RunState, cfg: RunConfig): AppliedReports {
       if (sealed === 'sealed') st.completedRollouts += 1;
       continue;
     }
-    // A failed, timed-out or retired attempt (already retired by its workflow): start the
-    // sibling (or its whole group) over as the next attempt, within the attempt budget.
-    const found = L.findSibling(st.ledger, r.episode.rollout_id);
-    if (!found || L.currentAttempt(found.sibling).gym_attempt !== r.episode.attempt) continue;
-    if (r.reason === GYM_RESTARTED) {
+    if (!currentSibling(st, r)) continue;
+    if (r.reason === GYM_RESTARTED || (r.status === 'failed' && st.recoveryNeeded)) {
       // Not the attempt's fault: the Gym process under it restarted. Recovery decides whether
       // it continues from the last snapshot (N+1) or starts over; it stays `dispatched` until then.
       st.recoveryNeeded = true;
       continue;
     }
-    st.failedRollouts += 1;
-    const attemptsSoFar = found.sibling.attempts.length;
-    if (attemptsSoFar >= cfg.async_rl.max_attempts_per_sibling || r.terminal) {
-      // Give up on this sibling: a masked zero-reward placeholder keeps its group trainable.
-      L.sealAttempt(st.ledger, r.episode, 0, true);
-      out.gaveUp.push({ key, reason: r.reason });
+    if (r.status === 'failed') {
+      st.unconfirmedFailures.push(r);
       continue;
     }
-    const affected = L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);
-    // A cohort that starts over together: its members still running are stopped (retired,
-    // caller first, by their own workflows), not left waiting in /verify for a cohort that
-    // will never form again (they would hold recovery and the run's end until its timeout).
-    for (const s of affected) {
-      const prev = s === found.sibling ? undefined : s.attempts[s.attempts.length - 2];
-      const flight = prev && st.inFlight[captureKey(L.episodeOfAttempt(s, prev))];
-      if (flight && !flight.stopSignalled) out.toStop.push(flight);
-    }
+    // Timed out or retired by the run: the attempt's own failure.
+    chargeFailure(st, cfg, r, out);
   }
   return out;
 }
 
+/**
+ * The live failures held by applyReports, once the run has looked at Gym: with a Gym server
+ * restarted or unreachable (`gymCrashed`) they are the crash's (recovery needed, the siblings stay
+ * `dispatched` for it); with the same processes all answering, each is its sibling's failure.
+ */
+export function settleFailures(st: RunState, cfg: RunConfig, gymCrashed: boolean): AppliedReports {
+  const out: AppliedReports = { toStop: [], gaveUp: [] };
+  const failures = st.unconfirmedFailures;
+  st.unconfirmedFailures = [];
+  for (const r of failures) {
+    if (!currentSibling(st, r)) continue;
+    if (gymCrashed) st.recoveryNeeded = true;
+    else chargeFailure(st, cfg, r, out);
+  }
+  return out;
+}
+
+/** Starts the sibling (or its whole group) over as the next attempt within the budget, or gives it up. */
+function chargeFailure(st: RunState, cfg: RunConfig, r: RolloutReport, out: AppliedReports): void {
+  const found = currentSibling(st, r)!;
+  const key = captureKey(r.episode);
+  st.failedRollouts += 1;
+  const attemptsSoFar = found.sibling.attempts.length;
+  if (attemptsSoFar >= cfg.async_rl.max_attempts_per_sibling || r.terminal) {
+    // Give up on this sibling: a masked zero-reward placeholder keeps its group trainable.
+    L.sealAttempt(st.ledger, r.episode, 0, true);
+    out.gaveUp.push({ key, reason: r.reason });
+    return;
+  }
+  const affected = L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);
+  // A cohort that starts over together: its members still running are stopped (retired,
+  // caller first, by their own workflows), not left waiting in /verify for a cohort that
+  // will never form again (they would hold recovery and the run's end until its timeout).
+  for (const s of affected) {
+    const prev = s === found.sibling ? undefined : s.attempts[s.attempts.length - 2];
+    const flight = prev && st.inFlight[captureKey(L.episodeOfAttempt(s, prev))];
+    if (flight && !flight.stopSignalled) out.toStop.push(flight);
+  }
+}

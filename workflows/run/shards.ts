@@ -50,6 +50,7 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
             runTaskQueue: cfg.run.rollout_task_queue,
             retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
             runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
+            scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
           },
           taskQueue: cfg.run.task_queue,
           flushIntervalMs: flushIntervalMs(st.shards),

@@ -37,6 +37,8 @@ export interface RunState {
   failedRollouts: number;
   /** Reports received and not yet applied (carried across continue-as-new). */
   reports: RolloutReport[];
+  /** Live failures not charged to their siblings until the run has looked at Gym (run/reports.ts). */
+  unconfirmedFailures: RolloutReport[];
   /** Rollouts finished for good, to `forget` in Gym. */
   forgetQueue: string[];
   lastCheckpointAtMs: number | null;
@@ -128,6 +130,7 @@ export function initialState(config: RunConfig): RunState {
     completedRollouts: 0,
     failedRollouts: 0,
     reports: [],
+    unconfirmedFailures: [],
     forgetQueue: [],
     lastCheckpointAtMs: null,
     checkpointSeq: 0,

@@ -24,11 +24,13 @@ export async function stopAbandoned(ctx: RunContext): Promise<void> {
   }
 }
 
-/** Tells the attempts whose deadline expired to stop. */
+/** Tells the attempts whose deadline expired (the deadline clock's last tick said so) to stop. */
 export async function signalExpired(ctx: RunContext): Promise<void> {
   const { st } = ctx;
-  const now = Date.now();
-  for (const key of D.expired(st.deadlines, now)) {
+  // Held since the tick: looked at again once the holders release.
+  if (!ctx.expiryDue || !D.isRunning(st.deadlines)) return;
+  ctx.expiryDue = false;
+  for (const key of D.expired(st.deadlines)) {
     const flight = st.inFlight[key];
     D.removeDeadline(st.deadlines, key);
     if (!flight || flight.stopSignalled) continue;

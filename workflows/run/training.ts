@@ -88,13 +88,13 @@ export async function trainReadyGroups(ctx: RunContext): Promise<void> {
       if (cfg.trainer.enabled) {
         // Weight sync: admission closed by its own gate (the checkpoint gate is not touched).
         st.gates.weightSync = true;
-        D.hold(st.deadlines, WEIGHT_SYNC_HOLDER, Date.now());
+        D.hold(st.deadlines, WEIGHT_SYNC_HOLDER);
         try {
           const r = await withTrainerCatchUp(ctx, () => sendBatch(ctx, step, st.trainerVersion, batch, st.ledger.cursor));
           st.trainerVersion = r.version;
         } finally {
           st.gates.weightSync = false;
-          D.release(st.deadlines, WEIGHT_SYNC_HOLDER, Date.now());
+          D.release(st.deadlines, WEIGHT_SYNC_HOLDER);
         }
       }
       for (const g of groups) {

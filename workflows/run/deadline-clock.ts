@@ -1,0 +1,26 @@
+// The run's deadline clock (workflows/deadlines.ts): a timer that ticks while any rollout has a
+// deadline, each firing counted as running time unless a holder holds admission at that moment.
+// Whether a deadline ran out is decided when a timer fires (an event in the history), never by
+// comparing the workflow clock, so a replay decides the same whatever clock its task carries.
+import { condition, sleep } from '@temporalio/workflow';
+import * as D from '../deadlines.js';
+import type { RunContext } from './context.js';
+
+/** Starts the clock for this execution (nothing when the run has no `rollout_timeout_s`). */
+export function startDeadlineClock(ctx: RunContext): void {
+  const budgetS = ctx.cfg.async_rl.rollout_timeout_s;
+  if (budgetS === null) return;
+  const deadlines = (): D.DeadlineRegistry => ctx.st.deadlines;
+  void (async () => {
+    for (;;) {
+      await condition(() => !D.isEmpty(deadlines()));
+      // Math.random is the workflow's seeded generator: the same on every replay.
+      const ms = D.tickMs(budgetS * 1000, Math.random());
+      await sleep(ms);
+      if (D.tick(deadlines(), ms)) {
+        ctx.expiryDue = true;
+        ctx.wake();
+      }
+    }
+  })();
+}
