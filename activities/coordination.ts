@@ -22,7 +22,7 @@ import {
   type ResumeReply,
   type StatusReply,
 } from '../protocol/control.js';
-import { errorCodeOf } from '../protocol/errors.js';
+import { errorCodeOf, isNonRetryableCode, type ErrorCode } from '../protocol/errors.js';
 import {
   KINDS,
   PREPARE_ORDER,
@@ -88,21 +88,6 @@ export interface ServerFailure {
   invalidReply?: true;
 }
 
-/** Refusals a retry of the same call cannot fix (the Temporal layer makes them non-retryable). */
-export const NON_RETRYABLE_CODES = [
-  'checkpoint_conflict',
-  'stale_checkpoint',
-  'invalid_phase',
-  'export_failed',
-  'restart_in_scope',
-  'invalid_checkpoint_state',
-  'checkpoint_error',
-  'retire_incomplete',
-  'unauthorized',
-] as const;
-export type NonRetryableCode = (typeof NON_RETRYABLE_CODES)[number];
-const NON_RETRYABLE = new Set<string>(NON_RETRYABLE_CODES);
-
 export class CoordinationError extends Error {
   /** The control operation (or `discover`). */
   readonly operation: ControlOperation | 'discover';
@@ -134,8 +119,9 @@ function describeFailures(operation: string, failures: Record<string, ServerFail
 
 /**
  * `transient`: no reply, a timeout, or a 5xx — retry the call.
- * `refusal`: a 4xx with a code in NON_RETRYABLE_CODES — retrying the same call cannot succeed.
- * `retryable_refusal`: a 4xx with another code (e.g. `deadline_exceeded`, which the spec says to retry).
+ * `refusal`: a 4xx with a code the error table marks not retryable — the same call cannot succeed.
+ * `retryable_refusal`: a 4xx with a retryable code (e.g. `deadline_exceeded`, which the spec says to retry)
+ *   or one the table does not know.
  * `protocol_violation`: anything else (a 4xx without an envelope such as a 422 validation error,
  *   a 404 on a known participant, a 200 whose body fails the reply schema).
  */
@@ -144,7 +130,7 @@ export type FailureClass = 'transient' | 'refusal' | 'retryable_refusal' | 'prot
 export function failureClass(f: ServerFailure): FailureClass {
   if (f.transport || (f.status !== undefined && f.status >= 500)) return 'transient';
   if (f.status !== undefined && f.status >= 400 && f.status < 500 && f.code !== undefined) {
-    return NON_RETRYABLE.has(f.code) ? 'refusal' : 'retryable_refusal';
+    return isNonRetryableCode(f.code) ? 'refusal' : 'retryable_refusal';
   }
   return 'protocol_violation';
 }
@@ -156,10 +142,10 @@ export function isTransient(err: CoordinationError): boolean {
 }
 
 /** The non-retryable refusal code of the first failing server (by name) that has one. */
-export function refusalCode(err: CoordinationError): NonRetryableCode | undefined {
+export function refusalCode(err: CoordinationError): ErrorCode | undefined {
   for (const name of Object.keys(err.failures).sort()) {
     const f = err.failures[name]!;
-    if (failureClass(f) === 'refusal') return f.code as NonRetryableCode;
+    if (failureClass(f) === 'refusal') return f.code as ErrorCode;
   }
   return undefined;
 }

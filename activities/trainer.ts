@@ -21,6 +21,7 @@ import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { request } from 'undici';
 import { z } from 'zod';
+import { FAILURE_TYPES } from '../protocol/controller.js';
 import { packJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
@@ -41,10 +42,8 @@ export const BOOTSTRAP_ANCHOR = 'bootstrap';
 
 /** Failure types of the trainer (the workflow branches on them). */
 export const TRAINER_FAILURE_TYPES = {
-  /** The trainer holds an older version than expected: re-send the batches after `details.step`. */
-  behind: 'trainer_behind',
-  /** The trainer is past the expected version (or applied another batch for it): restore an anchor. */
-  ahead: 'trainer_ahead',
+  behind: FAILURE_TYPES.trainerBehind,
+  ahead: FAILURE_TYPES.trainerAhead,
   /** A checkpoint of a step the trainer has already moved past (and no anchor of it exists). */
   stateChanged: 'trainer_state_changed',
   /** The inference backend did not answer (transport error, 5xx): retryable. */

@@ -1,5 +1,6 @@
 // Shapes that cross the boundary between the controller's workflows and its activities. Types
 // only (and tiny pure helpers): workflow code imports this file, so it must stay free of I/O.
+import { NON_RETRYABLE_CODES } from './errors.js';
 import type { CaptureKey, EpisodeId, Kind } from './ids.js';
 
 /** A Gym participant as discovered (control status answered). */
@@ -248,23 +249,20 @@ export const FAILURE_TYPES = {
   notReady: 'gym_not_ready',
   invariant: 'invariant_error',
   storage: 'storage_error',
+  /** The trainer holds an older version than expected: re-send the batches after `details.step`. */
+  trainerBehind: 'trainer_behind',
+  /** The trainer is past the expected version (or applied another batch for it): restore an anchor. */
+  trainerAhead: 'trainer_ahead',
 } as const;
 
-/** Refusals that are never retried by an activity retry (same ID would get the same answer). */
-export const NON_RETRYABLE_ERROR_TYPES = [
-  'checkpoint_conflict',
-  'stale_checkpoint',
-  'invalid_phase',
-  'export_failed',
-  'restart_in_scope',
-  'invalid_checkpoint_state',
-  'checkpoint_error',
-  'retire_incomplete',
-  'unauthorized',
-  'stale_attempt',
-  'gym_not_ready',
-  'invariant_error',
-  'instance_mismatch',
-  'trainer_behind',
-  'trainer_ahead',
-] as const;
+/**
+ * Failure types an activity retry never retries (the same ID would get the same answer): every
+ * protocol refusal the error table marks not retryable, plus the activities' own final types.
+ */
+export const NON_RETRYABLE_ERROR_TYPES: readonly string[] = [
+  ...NON_RETRYABLE_CODES,
+  FAILURE_TYPES.notReady,
+  FAILURE_TYPES.invariant,
+  FAILURE_TYPES.trainerBehind,
+  FAILURE_TYPES.trainerAhead,
+];

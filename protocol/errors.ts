@@ -39,12 +39,15 @@ export type ErrorCode = keyof typeof ERRORS;
 
 export const ERROR_STATUS = Object.fromEntries(Object.entries(ERRORS).map(([code, e]) => [code, e.status])) as { [C in ErrorCode]: (typeof ERRORS)[C]['status'] };
 
-/** Whether a refusal with this code may succeed when sent again; unknown codes are not. */
-export function isRetryableCode(code: string): boolean {
-  return (ERRORS as Record<string, { retryable: boolean }>)[code]?.retryable ?? false;
-}
-
 export const ERROR_CODES = Object.keys(ERRORS) as ErrorCode[];
+
+/** The codes a retry of the same request cannot fix (the activity and workflow lists derive from these). */
+export const NON_RETRYABLE_CODES: readonly ErrorCode[] = ERROR_CODES.filter((code) => !ERRORS[code].retryable);
+
+/** A code of the table that a retry cannot fix; an unknown code is not one (a newer peer's code may be retried). */
+export function isNonRetryableCode(code: string): code is ErrorCode {
+  return Object.hasOwn(ERRORS, code) && !ERRORS[code as ErrorCode].retryable;
+}
 
 export interface ErrorEnvelope {
   error: { code: string; detail: string };
