@@ -44,16 +44,3 @@ async function replaceFile(file: string, data: Buffer | string, sync: boolean): 
     throw err;
   }
 }
-
-/** Keys sorted at every level (arrays keep their order): the files' canonical layout. */
-export function sortKeysDeep(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(sortKeysDeep);
-  if (v !== null && typeof v === 'object') {
-    const out: Record<string, unknown> = {};
-    for (const k of Object.keys(v).sort()) {
-      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
-    }
-    return out;
-  }
-  return v;
-}

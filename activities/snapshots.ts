@@ -26,7 +26,8 @@ import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
-import { fsyncPath, sortKeysDeep, writeFileAtomically, writeFileDurably } from './durable-files.js';
+import { sortKeysDeep } from '../protocol/canonical-json.js';
+import { fsyncPath, writeFileAtomically, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
 import { TRAINER_FILE } from './trainer.js';
 

@@ -28,7 +28,8 @@ import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy
 import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorageFailure, type ActivityLog } from './activity-context.js';
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
-import { fsyncPath, sortKeysDeep, writeFileDurably } from './durable-files.js';
+import { canonicalJson, sortKeysDeep } from '../protocol/canonical-json.js';
+import { fsyncPath, writeFileDurably } from './durable-files.js';
 import { readJsonFile } from './json-file.js';
 import { collectBatch } from './rollout-batches.js';
 
@@ -162,11 +163,7 @@ function parseInput<S extends z.ZodType>(schema: S, input: unknown, what: string
   throw invariantFailure(`${what}: invalid input at ${i.path.join('.') || '(root)'}: ${i.message}`);
 }
 
-// --- canonical JSON, durable files ------------------------------------------------------------
-
-export function canonicalJson(v: unknown): string {
-  return JSON.stringify(sortKeysDeep(v));
-}
+// --- durable files ----------------------------------------------------------------------------
 
 const sha256 = (s: string): string => createHash('sha256').update(s, 'utf8').digest('hex');
 const isErrno = (err: unknown, code: string): boolean => (err as NodeJS.ErrnoException | null)?.code === code;

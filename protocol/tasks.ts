@@ -2,6 +2,7 @@
 // tiny policy reads (docs/gym-servers.md "Tasks"), and the task digest (control-plane.md §9.6).
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
+import { canonicalJson } from './canonical-json.js';
 import { EpisodeIdSchema } from './ids.js';
 
 // --- /run request -----------------------------------------------------------------------
@@ -82,49 +83,7 @@ export const RunReplySchema = z
   .refine((r) => (r.result === null) !== (r.failure === null), 'exactly one of result and failure must be non-null');
 export type RunReply = z.infer<typeof RunReplySchema>;
 
-// --- canonical JSON and the task digest -------------------------------------------------
-
-/** Python's `sort_keys`: code-point order (JS `<` compares UTF-16 units, which differs above U+FFFF). */
-function compareCodePoints(a: string, b: string): number {
-  const ia = a[Symbol.iterator]();
-  const ib = b[Symbol.iterator]();
-  for (;;) {
-    const x = ia.next();
-    const y = ib.next();
-    if (x.done || y.done) return x.done && y.done ? 0 : x.done ? -1 : 1;
-    const d = x.value.codePointAt(0)! - y.value.codePointAt(0)!;
-    if (d !== 0) return d;
-  }
-}
-
-function asciiString(s: string): string {
-  // JSON.stringify already escapes controls and lone surrogates; Python's ensure_ascii also
-  // escapes DEL and everything above it (astral characters as surrogate pairs).
-  return JSON.stringify(s).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
-}
-
-/**
- * `json.dumps(v, sort_keys=True, separators=(",", ":"))` for JSON data. Floats are rendered the JS
- * way (`1` not `1.0`): design.md decides Python float rendering is not required.
- */
-export function canonicalJson(value: unknown): string {
-  if (value === null || value === undefined) return 'null';
-  if (typeof value === 'string') return asciiString(value);
-  if (typeof value === 'number') {
-    if (!Number.isFinite(value)) throw new TypeError(`canonicalJson: ${value} is not valid JSON`);
-    return JSON.stringify(value);
-  }
-  if (typeof value === 'boolean') return value ? 'true' : 'false';
-  if (Array.isArray(value)) return `[${value.map((v) => (v === undefined ? 'null' : canonicalJson(v))).join(',')}]`;
-  if (typeof value === 'object') {
-    const obj = value as Record<string, unknown>;
-    const keys = Object.keys(obj)
-      .filter((k) => obj[k] !== undefined)
-      .sort(compareCodePoints);
-    return `{${keys.map((k) => `${asciiString(k)}:${canonicalJson(obj[k])}`).join(',')}}`;
-  }
-  throw new TypeError(`canonicalJson: cannot encode a ${typeof value}`);
-}
+// --- the task digest ----------------------------------------------------------------------
 
 /** Lowercase hex SHA-256 of the task's canonical JSON; a replacement `/run` must match it. */
 export function taskDigest(task: Task): string {

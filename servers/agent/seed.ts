@@ -4,7 +4,8 @@ import { refuse } from '../../protocol/errors.js';
 import { sameEpisode, type EpisodeId, type RolloutPath } from '../../protocol/ids.js';
 import type { AgentCore } from './core.js';
 import { newSession, type AgentSession } from './sessions.js';
-import { canonicalJson, type DirectHttpGrant, type SeedRequest } from './wire.js';
+import { canonicalJson } from '../../protocol/canonical-json.js';
+import type { DirectHttpGrant, SeedRequest } from './wire.js';
 
 export interface SeedOutcome {
   reply: { agent_session_id: string };

@@ -119,13 +119,3 @@ export interface CompletedReply {
 export function episodeOrNull(e: EpisodeId | null | undefined): EpisodeId | null {
   return e ?? null;
 }
-
-/** Sorted-key JSON: an identical repeat of a seed compares equal whatever its key order. */
-export function canonicalJson(value: unknown): string {
-  return JSON.stringify(value, (_k, v: unknown) => {
-    if (v && typeof v === 'object' && !Array.isArray(v)) {
-      return Object.fromEntries(Object.entries(v as Record<string, unknown>).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-    }
-    return v;
-  });
-}

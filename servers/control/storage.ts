@@ -7,6 +7,7 @@ import type { FileHandle } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Worker } from 'node:worker_threads';
+import { sortKeysDeep } from '../../protocol/canonical-json.js';
 import { ProtocolError, refuse } from '../../protocol/errors.js';
 import { captureKey, isSafePathComponent, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError, LosslessNumber, jsonTextOfUtf8, parseLossless, stringifyLossless } from '../../protocol/lossless-json.js';
@@ -232,18 +233,6 @@ const CORE_FIELDS = ['schema_version', 'kind', 'instance', 'checkpoint_id', 'rec
 /** Like the reference: keys sorted at every level, one-space indent, no trailing newline. */
 function manifestText(manifest: Manifest): string {
   return JSON.stringify(sortKeysDeep(manifest), null, 1);
-}
-
-function sortKeysDeep(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(sortKeysDeep);
-  if (v && typeof v === 'object') {
-    const out: Record<string, unknown> = {};
-    for (const k of Object.keys(v).sort()) {
-      Object.defineProperty(out, k, { value: sortKeysDeep((v as Record<string, unknown>)[k]), enumerable: true, writable: true, configurable: true });
-    }
-    return out;
-  }
-  return v;
 }
 
 /**

@@ -6,7 +6,7 @@
 // vs `""`, extra fields) does not change a fingerprint.
 import { createHash } from 'node:crypto';
 import { contentText, type ChatMessage } from '../../protocol/openai.js';
-import { canonicalJson } from '../../protocol/tasks.js';
+import { canonicalJson } from '../../protocol/canonical-json.js';
 
 export const FINGERPRINT_VERSION = 1;
 

@@ -4,7 +4,7 @@
 // backend (the cut service), so both sides agree on one definition.
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
-import { canonicalJson } from '../../protocol/tasks.js';
+import { canonicalJson } from '../../protocol/canonical-json.js';
 
 /** Where the backend serves cuts, relative to its root (the base URL without `/v1`). */
 export const GENERATION_CUT_PATH = '/ng-control/v1/generation-cut';

@@ -3,7 +3,7 @@
 // identity, exactly the fields each disposition allows).
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { canonicalJson } from '../../protocol/tasks.js';
+import { canonicalJson } from '../../protocol/canonical-json.js';
 import { buildInventory, cutStagingKey, InvalidReceiptError, validateReceipt, type ActivePrefix } from '../../servers/model/cut-wire.js';
 
 const p = (ticket: string, call: string, extra: Partial<ActivePrefix> = {}): ActivePrefix => ({

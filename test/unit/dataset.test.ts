@@ -10,13 +10,13 @@ import {
   stampGroupMember,
   taskAt,
 } from '../../activities/dataset.js';
+import { canonicalJson } from '../../protocol/canonical-json.js';
 import { ResponsesFunctionToolSchema } from '../../protocol/openai.js';
 import {
   CITIES,
   RunReplySchema,
   RunRequestSchema,
   TaskSchema,
-  canonicalJson,
   parseTaskLine,
   renderTaskLine,
   taskDigest,

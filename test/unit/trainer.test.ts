@@ -13,10 +13,10 @@ import { MockActivityEnvironment } from '@temporalio/testing';
 import { DefaultLogger } from '@temporalio/worker';
 import type { FastifyInstance } from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { canonicalJson } from '../../protocol/canonical-json.js';
 import {
   GYM_RESTART_FALLBACK_FILE,
   TRAINER_FILE,
-  canonicalJson,
   createTrainerActivities,
   peekTrainerState,
   siblingTrajectory,
