@@ -1,5 +1,6 @@
-// The participant manifest and records file naming (control-plane.md §9.2–9.3).
+// The participant manifest, records file naming and the record (control-plane.md §9.2–9.4).
 import { z } from 'zod';
+import type { EpisodeId } from './episode-id.js';
 
 export const MANIFEST_FILE = 'manifest.json';
 export const SCHEMA_VERSION = 1;
@@ -22,3 +23,9 @@ export const ManifestSchema = z.looseObject({
 });
 
 export type Manifest = z.infer<typeof ManifestSchema>;
+
+/** One checkpoint record (a records line): its episode first, then kind-specific fields (§9.4). */
+export interface CheckpointRecord {
+  episode_id: EpisodeId;
+  [field: string]: unknown;
+}

@@ -11,7 +11,7 @@ import { captureKey } from '../../protocol/ids.js';
 import type { ChatMessage } from '../../protocol/openai.js';
 import { taskOf } from '../../activities/dataset.js';
 import { ControlPlane } from '../../servers/control/control-plane.js';
-import type { CheckpointRecord } from '../../servers/control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { writeRecords } from '../../servers/control/storage.js';
 import { fakeTokenIds, promptTextOf } from '../../servers/inference/reply.js';
 import { ModelParticipant } from '../../servers/model/participant.js';

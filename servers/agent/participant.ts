@@ -2,7 +2,8 @@
 // asks of kind `agent` when `checkpoint_sessions_supported` is true.
 import { refuse } from '../../protocol/errors.js';
 import { captureKey, sortedKeys, type CaptureKey } from '../../protocol/ids.js';
-import type { CheckpointRecord, ParticipantHooks } from '../control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
+import type { ParticipantHooks } from '../control/hooks.js';
 import type { AgentCore } from './core.js';
 import { parseRecord, restoredSession, sessionRecord } from './records.js';
 import { retireEpisodes } from './retire.js';

@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
 import { toPlainJson } from '../../protocol/lossless-json.js';
-import type { CheckpointRecord } from '../control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { LoopStateSchema, pinBoundary, type LoopState } from './loop-state.js';
 import { isPlainAgentRecord } from './record-shape.js';
 import { grantOf } from './seed.js';

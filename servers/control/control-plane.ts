@@ -27,7 +27,7 @@ import {
 } from '../../protocol/control.js';
 import type { Manifest } from '../../protocol/manifest.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
-import type { CheckpointRecord, ExportResult, ParticipantHooks } from './hooks.js';
+import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from './mutex.js';
 import { ResumedIds } from './resumed-ids.js';
 import { RetireMarks } from './retire-marks.js';
@@ -456,7 +456,7 @@ export class ControlPlane {
           kind: this.kind,
           instance: this.instance,
           scope: scopeKeys,
-          validate: (r) => this.hooks.validateRecord?.(r as CheckpointRecord),
+          validate: (r) => this.hooks.validateRecord?.(r),
           defer: this.hooks.deferredRecordField,
         }),
         req.deadline_ts,
@@ -469,7 +469,7 @@ export class ControlPlane {
       let install: Promise<CaptureKey[]>;
       try {
         await this.hooks.closeAdmission();
-        install = this.hooks.install({ records: records as CheckpointRecord[], scope: req.episode_ids, manifest });
+        install = this.hooks.install({ records, scope: req.episode_ids, manifest });
       } catch (err) {
         await this.safeOpenAdmission();
         throw err;

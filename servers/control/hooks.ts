@@ -2,13 +2,7 @@
 // lease, replay, retire marks and storage; a kind answers only these questions about the
 // state it owns (environment episodes, agent sessions, resources sessions, model ledgers).
 import type { CaptureKey, EpisodeId, Kind } from '../../protocol/ids.js';
-import type { Manifest } from '../../protocol/manifest.js';
-
-/** One stored record: its episode first, then kind-specific fields (§9.4). */
-export interface CheckpointRecord {
-  episode_id: EpisodeId;
-  [field: string]: unknown;
-}
+import type { CheckpointRecord, Manifest } from '../../protocol/manifest.js';
 
 export interface ReadinessReport {
   /** Every blocker (uncapped; the plane sorts and caps at 100). */

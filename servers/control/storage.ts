@@ -11,17 +11,11 @@ import { sortKeysDeep } from '../../protocol/canonical-json.js';
 import { ProtocolError, refuse } from '../../protocol/errors.js';
 import { captureKey, isSafePathComponent, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError, LosslessNumber, jsonTextOfUtf8, parseLossless, stringifyLossless } from '../../protocol/lossless-json.js';
-import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type Manifest } from '../../protocol/manifest.js';
+import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type CheckpointRecord, type Manifest } from '../../protocol/manifest.js';
 import { Mutex } from './mutex.js';
 import type { ScanChunk, ScanReply, ScanRequest } from './records-worker.js';
 import { DeferredJson } from '../../protocol/deferred-json.js';
 import { decodeEpisodeId, isPlainObject } from './record-episode.js';
-
-/** One stored record: its episode first, then kind-specific fields (§9.4). */
-export interface StoredRecord {
-  episode_id: EpisodeId;
-  [field: string]: unknown;
-}
 
 export interface RecordsWriteOptions {
   checkpointDir: string;
@@ -51,7 +45,7 @@ export interface ReadRecordsOptions {
   /** Capture keys to keep; null keeps every record. */
   scope: ReadonlySet<CaptureKey> | null;
   /** Checks one in-scope record before it is kept; a throw fails the read naming the episode. */
-  validate?: (record: StoredRecord) => unknown;
+  validate?: (record: CheckpointRecord) => unknown;
   /**
    * A top-level field (the large one: a session's state) to hand out unparsed, as `DeferredJson`.
    * Every line is still parsed and checked before the read returns, on a worker thread; only the
@@ -87,7 +81,7 @@ export function deferMinBytes(): number {
 export interface ReadRecordsResult {
   manifest: Manifest;
   /** In-scope records in file order, `episode_id` normalized (a missing attempt becomes 0). */
-  records: StoredRecord[];
+  records: CheckpointRecord[];
 }
 
 /** `<checkpoint_dir>/gym/<kind>/<instance>`; refuses unsafe path components (§9.1). */
@@ -752,7 +746,7 @@ function takeChunk(bytes: Buffer, chunk: ScanChunk, base: number, field: string,
       lines.takeLine(n, line);
       continue;
     }
-    const record = JSON.parse(chunk.envelopes[env]!) as StoredRecord;
+    const record = JSON.parse(chunk.envelopes[env]!) as CheckpointRecord;
     const ep = decodeEpisodeId(record.episode_id)!; // the worker checked it
     record.episode_id = ep;
     (record as Record<string, unknown>)[field] = new DeferredJson(copy ? Buffer.from(line) : line, field);
@@ -770,7 +764,7 @@ function readChunk(fh: FileHandle, buf: Buffer, position: number): Promise<Buffe
 /** Splits chunks on LF and turns each line into a kept (or discarded) record. */
 class RecordLines {
   count = 0;
-  readonly kept: StoredRecord[] = [];
+  readonly kept: CheckpointRecord[] = [];
   private partial: Buffer[] = [];
 
   /** Count only: whether the bytes so far end inside a line (one without its LF yet). */
@@ -779,7 +773,7 @@ class RecordLines {
   constructor(
     private readonly file: string,
     private readonly scope: ReadonlySet<CaptureKey> | null,
-    private readonly validate: ((record: StoredRecord) => unknown) | undefined,
+    private readonly validate: ((record: CheckpointRecord) => unknown) | undefined,
     private readonly countOnly = false,
   ) {}
 
@@ -842,7 +836,7 @@ class RecordLines {
     if (!ep) throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} has no valid episode_id`);
     const key = captureKey(ep);
     if (this.scope && !this.scope.has(key)) return;
-    const record = value as StoredRecord;
+    const record = value as CheckpointRecord;
     record.episode_id = ep;
     this.keep(record, key);
   }
@@ -854,7 +848,7 @@ class RecordLines {
   }
 
   /** An in-scope record: validated, then kept. */
-  keep(record: StoredRecord, key: CaptureKey): void {
+  keep(record: CheckpointRecord, key: CaptureKey): void {
     if (this.validate) {
       try {
         this.validate(record);

@@ -4,7 +4,8 @@
 import { refuse } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import type { ControlPlane } from '../control/control-plane.js';
-import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
+import type { ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
 import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
 import { EpisodeSteps, type BeginOptions } from './episode-steps.js';

@@ -6,7 +6,8 @@ import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../
 import { AdmissionGate } from '../control/admission-gate.js';
 import { deferMinBytes } from '../control/storage.js';
 import { materialized } from '../../protocol/deferred-json.js';
-import type { CheckpointRecord, ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
+import type { ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 
 export const CHECKPOINT_MODES = ['stateless', 'exported', 'restart_only'] as const;
 export type CheckpointMode = (typeof CHECKPOINT_MODES)[number];

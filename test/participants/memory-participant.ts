@@ -6,7 +6,8 @@ import { refuse } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, parseCaptureKey, type CaptureKey, type EpisodeId, type Kind } from '../../protocol/ids.js';
 import { AdmissionGate } from '../../servers/control/admission-gate.js';
 import { ControlPlane } from '../../servers/control/control-plane.js';
-import type { CheckpointRecord, ParticipantHooks } from '../../servers/control/hooks.js';
+import type { CheckpointRecord } from '../../protocol/manifest.js';
+import type { ParticipantHooks } from '../../servers/control/hooks.js';
 import { mountControlPlane } from '../../servers/control/plugin.js';
 import { createGymApp, rolloutOf } from '../../servers/common/app.js';
 

@@ -6,8 +6,8 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { ProtocolError } from '../../protocol/errors.js';
 import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
-import { MANIFEST_FILE } from '../../protocol/manifest.js';
-import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords, type StoredRecord } from '../../servers/control/storage.js';
+import { MANIFEST_FILE, type CheckpointRecord } from '../../protocol/manifest.js';
+import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords } from '../../servers/control/storage.js';
 
 const KIND = 'environment';
 const INSTANCE = 'env_main';
@@ -33,7 +33,7 @@ function sha256(data: Buffer | string): string {
   return createHash('sha256').update(data).digest('hex');
 }
 
-function sampleRecords(): StoredRecord[] {
+function sampleRecords(): CheckpointRecord[] {
   return [
     {
       episode_id: { rollout_id: 'task1-roll0', attempt: 0 },
@@ -56,7 +56,7 @@ async function write(records: Iterable<object> | AsyncIterable<object>, extra: P
 /** The field `read` defers (the corrupt-state cases run eager and deferred). */
 let deferField: string | undefined;
 
-async function read(scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown, checkpointDir = ckpt) {
+async function read(scope: ReadonlySet<string> | null = null, validate?: (r: CheckpointRecord) => unknown, checkpointDir = ckpt) {
   return readRecords({ checkpointDir, kind: KIND, instance: INSTANCE, scope, validate, defer: deferField, deferMinBytes: 0 });
 }
 
@@ -390,9 +390,9 @@ describe('readRecords countOnly (snapshot validation)', () => {
 });
 
 describe('readRecords with a deferred field', () => {
-  const deferred = (scope: ReadonlySet<string> | null = null, validate?: (r: StoredRecord) => unknown) =>
+  const deferred = (scope: ReadonlySet<string> | null = null, validate?: (r: CheckpointRecord) => unknown) =>
     readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary', deferMinBytes: 0 });
-  const plain = (records: StoredRecord[]) => records.map((r) => stringifyLossless({ ...r, boundary: materialized(r.boundary) }));
+  const plain = (records: CheckpointRecord[]) => records.map((r) => stringifyLossless({ ...r, boundary: materialized(r.boundary) }));
 
   it('gives the eager read\'s records, the field unparsed until read; lines native JSON would misread are parsed eagerly', async () => {
     const records = [...sampleRecords(), { episode_id: { rollout_id: 'task4-roll0', attempt: 0 }, task_digest: 'd'.repeat(64), boundary: { text: 'é東😀\n"q"', n: [1, 2.5, -0.25] } }];
