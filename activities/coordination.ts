@@ -22,6 +22,7 @@ import {
   type ResumeReply,
   type StatusReply,
 } from '../protocol/control.js';
+import { pause } from '../servers/common/async.js';
 import { errorCodeOf, isNonRetryableCode, type ErrorCode } from '../protocol/errors.js';
 import {
   KINDS,
@@ -337,7 +338,7 @@ async function probe(
         return { kind: 'failed', failure: { detail, description: detail, transport: true, timeout: true } };
       }
       if (isControlTransportError(err) && err.isConnectionError && attempt < tries && !signal?.aborted) {
-        await sleep(retryDelayMs * attempt, signal);
+        await pause(retryDelayMs * attempt, signal);
         continue;
       }
       const f = transportFailure(err);
@@ -358,18 +359,6 @@ async function probe(
     const status = { ...parsed.data, report: normalizeReport(parsed.data.report) } as StatusReply;
     return { kind: 'member', status };
   }
-}
-
-function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((resolve) => {
-    const t = setTimeout(done, ms);
-    function done(): void {
-      clearTimeout(t);
-      signal?.removeEventListener('abort', done);
-      resolve();
-    }
-    signal?.addEventListener('abort', done, { once: true });
-  });
 }
 
 export function sortMembers(members: readonly Member[]): Member[] {

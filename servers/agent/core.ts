@@ -2,7 +2,7 @@
 // in-flight restarts and (with checkpointing on) the control plane's retire marks.
 import type { FastifyBaseLogger } from 'fastify';
 import { captureKey, type EpisodeId } from '../../protocol/ids.js';
-import { AdmissionGate } from '../control/admission-gate.js';
+import { AdmissionGate } from '../common/async.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import { InflightCalls } from './inflight.js';
 import type { AgentOptions } from './options.js';

@@ -2,25 +2,19 @@
 // it stopped, free the session, untrack it. Cut short by the deadline → the session stays tracked
 // (retiring, so it blocks prepare) and a retried retire waits again without cancelling twice.
 import { refuse } from '../../protocol/errors.js';
+import { abortedSignal } from '../common/async.js';
 import { captureKey, type EpisodeId } from '../../protocol/ids.js';
 import { cancelActivation } from './activate.js';
 import { finishClose } from './close.js';
 import type { AgentCore } from './core.js';
 import type { AgentSession } from './sessions.js';
 
-function untilAborted(signal: AbortSignal): Promise<never> {
-  return new Promise((_, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    signal.addEventListener('abort', () => reject(signal.reason), { once: true });
-  });
-}
-
 export async function retireEpisodes(core: AgentCore, targets: readonly EpisodeId[], signal: AbortSignal): Promise<void> {
   const sessions = core.sessions.covered(targets);
   for (const s of sessions) s.retiring = true;
   core.notify();
   const reason = (e: EpisodeId | null) => refuse('stale_attempt', `attempt ${e ? captureKey(e) : '?'} was retired`);
-  const aborted = untilAborted(signal);
+  const aborted = abortedSignal(signal);
   aborted.catch(() => undefined);
   const restarts = core.inflight.cancelCovered(targets, reason(targets[0] ?? null));
   await Promise.race([Promise.all([restarts, ...sessions.map((s) => retireSession(core, s, reason(s.episode)))]), aborted]);

@@ -28,7 +28,7 @@ import {
 import type { Manifest } from '../../protocol/manifest.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
 import type { ExportResult, ParticipantHooks } from './hooks.js';
-import { Mutex } from './mutex.js';
+import { Mutex } from '../common/async.js';
 import { ResumedIds } from './resumed-ids.js';
 import { RetireMarks } from './retire-marks.js';
 import { readRecords, startRecordsWrite, type RecordsWrite } from './storage.js';

@@ -12,7 +12,7 @@ import { ProtocolError, refuse } from '../../protocol/errors.js';
 import { captureKey, isSafePathComponent, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError, LosslessNumber, jsonTextOfUtf8, parseLossless, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type CheckpointRecord, type Manifest } from '../../protocol/manifest.js';
-import { Mutex } from './mutex.js';
+import { Mutex } from '../common/async.js';
 import type { ScanChunk, ScanReply, ScanRequest } from './records-worker.js';
 import { DeferredJson } from '../../protocol/deferred-json.js';
 import { decodeEpisodeId, isPlainObject } from './record-episode.js';

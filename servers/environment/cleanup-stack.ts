@@ -2,7 +2,7 @@
 // Final cleanup runs them newest-first, each at most once successfully, all within one timeout,
 // and is shielded from the episode's cancellation (it gets its own signal, never the episode's).
 // A callback that failed stays pending, so a later registration that closes it retries it once.
-import { untilAborted } from '../common/abort.js';
+import { untilAborted } from '../common/async.js';
 
 export type CleanupCallback = (signal: AbortSignal) => Promise<void>;
 

@@ -6,7 +6,7 @@ import { captureKey, type CaptureKey } from '../../protocol/ids.js';
 import { RunReplySchema, taskDigest, type RunFailure, type RunRequest, type RunResult } from '../../protocol/tasks.js';
 import type { AttemptReplies, FinishedRun, RunOutcome } from './attempt-replies.js';
 import { CleanupStack } from './cleanup-stack.js';
-import type { ConcurrencySlots } from './concurrency-slots.js';
+import type { Slots } from '../common/async.js';
 import { EpisodeCancelled } from './episode-steps.js';
 import { EpisodeTimedOut, FAILURE_REASON_MAX, HandledFailure } from './failures.js';
 import type { EnvironmentParticipant } from './participant.js';
@@ -22,7 +22,7 @@ export interface EpisodeRunnerOptions {
   participant: EnvironmentParticipant;
   replies: AttemptReplies;
   peers: TurnPeers;
-  slots: ConcurrencySlots | undefined;
+  slots: Slots | undefined;
   queueTimeoutMs: number | null;
   episodeTimeoutMs: number | null;
   cleanupTimeoutMs: number;

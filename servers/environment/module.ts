@@ -11,7 +11,7 @@ import { callJson } from '../common/http-client.js';
 import { mountParticipant, peerUrl, type ServerContext, type ServerModule } from '../common/server-context.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import { AttemptReplies } from './attempt-replies.js';
-import { ConcurrencySlots } from './concurrency-slots.js';
+import { Slots } from '../common/async.js';
 import { EpisodeRunner } from './episode-runner.js';
 import { EnvironmentParticipant } from './participant.js';
 
@@ -69,7 +69,7 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
     participant,
     replies,
     peers: { agentUrl, resourcesUrl, resourcesName: options.resources },
-    slots: options.max_concurrent_episodes === null ? undefined : new ConcurrencySlots(options.max_concurrent_episodes),
+    slots: options.max_concurrent_episodes === null ? undefined : new Slots(options.max_concurrent_episodes),
     queueTimeoutMs: seconds(options.queue_timeout_seconds),
     episodeTimeoutMs: seconds(options.default_episode_timeout_seconds),
     cleanupTimeoutMs: options.cleanup_timeout_seconds * 1000,

@@ -11,7 +11,8 @@ import { existsSync, unlink, writeFile as writeFileRaw } from 'node:fs';
 import { appendFile, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { parseCaptureKey, type CaptureKey } from '../../protocol/ids.js';
-import { callFileSlots, FileSlots } from '../common/file-slots.js';
+import { Slots } from '../common/async.js';
+import { callFileSlots } from './file-slots.js';
 import { resolveParent, type RequestContext } from './conversation.js';
 import { deleteStagedTokens, LEDGER_DIR, LEDGER_SUFFIX, ledgerPath, TOKENS_DIR } from './token-store.js';
 
@@ -273,7 +274,7 @@ export class CaptureLedger {
 
     const journalFile = join(this.captureDir, LEDGER_DIR, `import-${Date.now()}-${process.pid}-${++this.imports}${JOURNAL_SUFFIX}`);
     await writeFile(journalFile, `${journal.join('\n')}\n`);
-    const io = new FileSlots(IO_CONCURRENCY);
+    const io = new Slots(IO_CONCURRENCY);
     // Chained per key now, so an append can never overtake its key's import.
     const writes = imported.map(({ key, rows }) =>
       this.chain(key, () => writeAfter.then(() => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join(''))))),

@@ -21,7 +21,7 @@ import { constrainedDecoding, FINGERPRINT_VERSION, normalizeMessage, requestCont
 import type { AdmittedCall, GenerationCall, GenerationGate, ReplyTokens, ResponseStart } from './gate.js';
 import { responseIdOf, tokensOfCompletion, weightVersionOf } from './reply-tokens.js';
 import { stagingKeyOf, writeStagedTokens, TOKEN_STORE_FORMAT } from './token-store.js';
-import { untilAborted } from '../common/abort.js';
+import { untilAborted } from '../common/async.js';
 
 export interface ModelParticipantOptions {
   /** This server's name (the inventory's `server_name`). */

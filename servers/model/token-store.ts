@@ -44,7 +44,7 @@
 import { mkdir, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ID_PATTERN } from '../../protocol/ids.js';
-import { callFileSlots } from '../common/file-slots.js';
+import { callFileSlots } from './file-slots.js';
 import type { CompletionMessage } from './gate.js';
 
 export const TOKEN_STORE_FORMAT = 'ng-token-store/1';

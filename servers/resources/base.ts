@@ -205,7 +205,3 @@ export function parseBody<S extends z.ZodType>(schema: S, body: unknown): z.infe
   const where = issue.path.length ? issue.path.map(String).join('.') : 'body';
   throw refuse('invalid_request', `${where}: ${issue.message}`);
 }
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}

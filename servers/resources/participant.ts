@@ -3,7 +3,7 @@
 // No Fastify here: `base.ts` feeds it one `RequestTicket` per data-plane request.
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
-import { AdmissionGate } from '../control/admission-gate.js';
+import { AdmissionGate } from '../common/async.js';
 import { deferMinBytes } from '../control/storage.js';
 import { materialized } from '../../protocol/deferred-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';

@@ -3,10 +3,11 @@
 // `{ kind: resources, type: weather, options: { checkpoint_mode: restart_only } }` and a
 // wait-verify one adds `checkpoint_verify: wait`. `verify_delay_ms` keeps a verify in flight
 // (tests of readiness and replayable admission).
+import { setTimeout as sleep } from 'node:timers/promises';
 import { z } from 'zod';
 import { ProtocolError } from '../../protocol/errors.js';
 import type { ServerModule } from '../common/server-context.js';
-import { buildResourcesServer, checkpointOptionFields, parseBody, seedReply, sleep, taskField } from './base.js';
+import { buildResourcesServer, checkpointOptionFields, parseBody, seedReply, taskField } from './base.js';
 
 export const WeatherOptionsSchema = z.strictObject({
   ...checkpointOptionFields({ mode: 'stateless', verify: 'replay' }),

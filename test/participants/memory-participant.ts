@@ -4,7 +4,7 @@
 import type { FastifyInstance } from 'fastify';
 import { refuse } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, parseCaptureKey, type CaptureKey, type EpisodeId, type Kind } from '../../protocol/ids.js';
-import { AdmissionGate } from '../../servers/control/admission-gate.js';
+import { AdmissionGate } from '../../servers/common/async.js';
 import { ControlPlane } from '../../servers/control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import type { ParticipantHooks } from '../../servers/control/hooks.js';

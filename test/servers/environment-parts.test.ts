@@ -4,7 +4,7 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { AttemptReplies, type FinishedRun, type RunOutcome } from '../../servers/environment/attempt-replies.js';
 import { CleanupStack } from '../../servers/environment/cleanup-stack.js';
-import { ConcurrencySlots } from '../../servers/environment/concurrency-slots.js';
+import { Slots } from '../../servers/common/async.js';
 import { isRetryableDependencyError } from '../../servers/environment/failures.js';
 import { PeerHttpError } from '../../servers/common/http-client.js';
 
@@ -139,10 +139,10 @@ describe('AttemptReplies', () => {
   });
 });
 
-describe('ConcurrencySlots', () => {
+describe('Slots', () => {
   it('grants in FIFO order and gives up after the queue timeout', async () => {
     vi.useFakeTimers();
-    const s = new ConcurrencySlots(1);
+    const s = new Slots(1);
     expect(await s.acquire(100)).toBe(true);
     const second = s.acquire(100);
     const third = s.acquire(null);
