@@ -19,7 +19,7 @@ import {
 } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
-import { writeFileAtomically } from './durable-files.js';
+import { writeFileAtomically } from '../servers/common/durable-files.js';
 import { readJsonFile } from './json-file.js';
 import {
   activityContext,

@@ -31,7 +31,7 @@ import { z } from 'zod';
 import { CaptureKeySchema } from '../protocol/ids.js';
 import { readLedgerRows, readStagedTokens, type StagedTokens } from '../servers/model/token-store.js';
 import { heartbeating, invariantFailure, withStorageFailure as storage } from './activity-context.js';
-import { fsyncPath } from './durable-files.js';
+import { fsyncPath } from '../servers/common/durable-files.js';
 
 export const ROLLOUT_BATCHES_FILE = 'rollout_batches.jsonl';
 export const ROLLOUT_BATCH_FORMAT = 'rollout-checkpoint/rollout-batch/1';

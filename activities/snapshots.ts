@@ -24,10 +24,10 @@ import { isProtocolError } from '../protocol/errors.js';
 import { CheckpointIdSchema, captureKeyList } from '../protocol/ids.js';
 import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
-import { readRecords } from '../servers/control/storage.js';
+import { readRecords } from '../servers/control/storage/index.js';
 import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { sortKeysDeep } from '../protocol/canonical-json.js';
-import { fsyncPath, writeFileAtomically, writeFileDurably } from './durable-files.js';
+import { fsyncPath, writeFileAtomically, writeFileDurably } from '../servers/common/durable-files.js';
 import { readJsonFile } from './json-file.js';
 import { TRAINER_FILE } from './trainer.js';
 

@@ -29,7 +29,7 @@ import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorage
 import { joinUrl } from './control-client.js';
 import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
 import { canonicalJson, sortKeysDeep } from '../protocol/canonical-json.js';
-import { fsyncPath, writeFileDurably } from './durable-files.js';
+import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
 import { readJsonFile } from './json-file.js';
 import { collectBatch } from './rollout-batches.js';
 

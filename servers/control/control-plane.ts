@@ -31,7 +31,7 @@ import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from '../common/async.js';
 import { ResumedIds } from './resumed-ids.js';
 import { RetireMarks } from './retire-marks.js';
-import { readRecords, startRecordsWrite, type RecordsWrite } from './storage.js';
+import { readRecords, startRecordsWrite, type RecordsWrite } from './storage/index.js';
 
 export interface ControlPlaneOptions {
   instance: string;

@@ -60,7 +60,7 @@ export interface ParticipantHooks {
   validateRecord?(record: CheckpointRecord): void;
   /**
    * A record field restore hands to `install` unparsed (`DeferredJson`): its lines are parsed and
-   * checked on worker threads, the objects built on first use (storage.ts `defer`).
+   * checked on worker threads, the objects built on first use (storage/reader.ts `defer`).
    */
   readonly deferredRecordField?: string;
   /** Install records under attempt N+1; returns the replacement capture keys installed. */

@@ -20,7 +20,7 @@ import {
 import { topologyFingerprint } from '../../activities/gym.js';
 import { GYM_COMMIT_FILE, commitSummaries, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
 import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
-import { writeRecords } from '../../servers/control/storage.js';
+import { writeRecords } from '../../servers/control/storage/index.js';
 
 let dir: string;
 

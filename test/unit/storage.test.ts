@@ -7,7 +7,7 @@ import { ProtocolError } from '../../protocol/errors.js';
 import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, type CheckpointRecord } from '../../protocol/manifest.js';
-import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords } from '../../servers/control/storage.js';
+import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords } from '../../servers/control/storage/index.js';
 
 const KIND = 'environment';
 const INSTANCE = 'env_main';

@@ -1,5 +1,5 @@
-// File durability shared by the snapshot and trainer activities: a published file or directory
-// entry must survive a host crash, so writes go through a temp file, fsync and rename.
+// File durability shared by checkpoint storage and the snapshot and trainer activities: a
+// published file or directory entry must survive a host crash (temp file, fsync, rename).
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';

@@ -1,0 +1,67 @@
+// The SHA-256 of a records file as it streams by (§9.3). One chunk is hashed inline when the
+// stream ends; from the second chunk on, the hash thread does it, beside the main thread's
+// encoding or parsing. Chunks are shared memory, so nothing is copied on the way.
+import { createHash } from 'node:crypto';
+import { runHash } from './workers.js';
+
+let nextStream = 0;
+
+export class RecordsDigest {
+  private readonly stream = ++nextStream;
+  private held: { data: Buffer; hashed: () => void } | undefined;
+  private offloaded = false;
+  private chunks = 0;
+  private bytes = 0;
+  private last: Promise<void> = Promise.resolve();
+
+  /** Resolves once `data` is hashed (its memory may then be reused). */
+  update(data: Buffer): Promise<void> {
+    this.bytes += data.length;
+    if (this.chunks++ === 0) {
+      return new Promise<void>((hashed) => {
+        this.held = { data, hashed };
+      });
+    }
+    const held = this.held;
+    this.held = undefined;
+    this.offloaded = true;
+    if (held) void this.send(held.data).then(held.hashed, held.hashed);
+    return this.send(data);
+  }
+
+  async digest(): Promise<string> {
+    if (!this.offloaded) {
+      const hex = createHash('sha256')
+        .update(this.held?.data ?? Buffer.alloc(0))
+        .digest('hex');
+      this.held?.hashed();
+      return hex;
+    }
+    await this.last;
+    const { bytes, hex } = await runHash({ op: 'digest', stream: this.stream });
+    // A hash thread that died and came back holds another stream: never trust its digest.
+    if (bytes !== this.bytes) throw new Error(`the hash thread saw ${bytes} of ${this.bytes} bytes`);
+    return hex!;
+  }
+
+  /** Frees an abandoned stream's state in the hash thread. */
+  drop(): void {
+    this.held?.hashed();
+    if (this.offloaded) void this.last.then(() => runHash({ op: 'drop', stream: this.stream })).catch(() => {});
+  }
+
+  /** One update at a time: the pool does not keep the order of queued tasks. */
+  private send(data: Buffer): Promise<void> {
+    const sent = this.last.then(() => runHash({ op: 'update', stream: this.stream, data }));
+    this.last = sent.then(
+      () => {},
+      () => {},
+    );
+    return sent.then(() => {});
+  }
+}
+
+/** Memory the hash thread can read without a copy. */
+export function sharedBuffer(bytes: number): Buffer {
+  return Buffer.from(new SharedArrayBuffer(bytes));
+}

@@ -1,0 +1,144 @@
+// The restore read (§9.6): manifest, then the records file streamed once in whole-line chunks,
+// hashed and parsed (or, with a deferred field, proved good by the scan threads and kept as
+// bytes) at once; nothing is returned unless the digest and the record count match the manifest.
+import { promises as fsp } from 'node:fs';
+import type { FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import { refuse } from '../../../protocol/errors.js';
+import type { CaptureKey } from '../../../protocol/ids.js';
+import type { CheckpointRecord, Manifest } from '../../../protocol/manifest.js';
+import { RecordsDigest, sharedBuffer } from './digest.js';
+import { readManifest } from './manifest.js';
+import { RecordLines, linesIn } from './record-lines.js';
+import { participantDir, storageError } from './paths.js';
+import { SCAN_THREADS, runScan } from './workers.js';
+
+export interface ReadRecordsOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  /** Capture keys to keep; null keeps every record. */
+  scope: ReadonlySet<CaptureKey> | null;
+  /** Checks one in-scope record before it is kept; a throw fails the read naming the episode. */
+  validate?: (record: CheckpointRecord) => unknown;
+  /**
+   * A top-level field (the large one: a session's state) to hand out unparsed, as `DeferredJson`:
+   * every line is still checked before the read returns, on the scan threads; only the objects are
+   * built later, on first use. A file smaller than `deferMinBytes` is read eagerly.
+   */
+  defer?: string;
+  /** Default: deferMinBytes(); 0 defers every file. */
+  deferMinBytes?: number;
+  /**
+   * Digest and record count only (a snapshot's validation before publication, §3.4): no line is
+   * parsed. A matching digest proves the bytes are the ones the participant checked as it wrote them.
+   */
+  countOnly?: boolean;
+}
+
+export interface ReadRecordsResult {
+  manifest: Manifest;
+  /** In-scope records in file order, `episode_id` normalized (a missing attempt becomes 0). */
+  records: CheckpointRecord[];
+}
+
+/**
+ * Below this a records file is parsed on the main thread even when a field may be deferred: a
+ * small file costs less to parse than to hand to the threads. `NG_RECORDS_DEFER_MIN_BYTES`
+ * overrides it (tests set 0 to send every file through the threads).
+ */
+export function deferMinBytes(): number {
+  const env = process.env.NG_RECORDS_DEFER_MIN_BYTES;
+  if (env === undefined || env === '') return 16 * 1024 * 1024;
+  if (!/^\d+$/.test(env.trim()) || !Number.isSafeInteger(Number(env))) {
+    throw new Error(`NG_RECORDS_DEFER_MIN_BYTES must be a whole number of bytes (0 or more), got '${env}'`);
+  }
+  return Number(env);
+}
+
+const CHUNK_BYTES = 8 << 20;
+
+export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecordsResult> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const where = `${opts.kind}/${opts.instance} in ${opts.checkpointDir}`;
+  const digest = new RecordsDigest();
+  try {
+    const manifest = await readManifest(dir, opts.kind, opts.instance, where);
+    const fh = await fsp.open(path.join(dir, manifest.records_file), 'r').catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+      throw refuse('invalid_checkpoint_state', `records file ${manifest.records_file} of ${where} is missing`);
+    });
+    const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
+    let count = 0;
+    let sha256 = '';
+    try {
+      const size = (await fh.stat()).size;
+      const field = !opts.countOnly && size >= (opts.deferMinBytes ?? deferMinBytes()) ? opts.defer : undefined;
+      const scope = opts.scope ? [...opts.scope] : null;
+      // Scanned chunks are applied in file order; a few scans run ahead while the next chunk is read.
+      let applied: Promise<void> = Promise.resolve();
+      const ahead: Promise<void>[] = [];
+      const hashed: Promise<void>[] = [];
+      for await (const chunk of wholeLineChunks(fh, size)) {
+        hashed.push(digest.update(chunk));
+        hashed.at(-1)!.catch(() => {}); // awaited after the digest, which releases a held first chunk
+        if (opts.countOnly) count += linesIn(chunk);
+        else if (field === undefined) {
+          lines.parseChunk(chunk);
+          // Parsing a chunk takes tens of ms: let control routes in between.
+          await new Promise<void>((resolve) => setImmediate(resolve));
+        } else {
+          const scanned = runScan({ chunk, scope, field });
+          applied = Promise.all([scanned, applied]).then(([s]) => lines.takeScanned(chunk, s, field));
+          applied.catch(() => {}); // awaited below
+          ahead.push(applied);
+          if (ahead.length > SCAN_THREADS) await ahead.shift();
+        }
+      }
+      await applied;
+      sha256 = await digest.digest();
+      await Promise.all(hashed);
+    } finally {
+      await fh.close().catch(() => {});
+    }
+    if (sha256 !== manifest.records_sha256) {
+      throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
+    }
+    if (!opts.countOnly) count = lines.count;
+    if (count !== manifest.record_count) {
+      throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${count} records, manifest says ${manifest.record_count}`);
+    }
+    return { manifest, records: lines.kept };
+  } catch (err) {
+    digest.drop();
+    throw storageError(err, `reading the records of ${where}`);
+  }
+}
+
+/**
+ * The file in chunks of whole lines (the last may lack its LF), each in fresh shared memory: kept
+ * records may hold views into it, and the threads read it without a copy. Concatenated, the
+ * chunks are the file.
+ */
+async function* wholeLineChunks(fh: FileHandle, size: number): AsyncGenerator<Buffer> {
+  let carry = Buffer.alloc(0);
+  for (let position = 0; position < size || carry.length > 0; ) {
+    const buf = sharedBuffer(Math.max(Math.min(CHUNK_BYTES, size - position + carry.length), carry.length * 2, 1));
+    let filled = carry.copy(buf);
+    while (filled < buf.length && position < size) {
+      const { bytesRead } = await fh.read(buf, filled, buf.length - filled, position);
+      if (bytesRead === 0) break;
+      filled += bytesRead;
+      position += bytesRead;
+    }
+    const eof = position >= size || filled < buf.length;
+    const cut = eof ? filled : buf.lastIndexOf(10, filled - 1) + 1;
+    if (cut === 0 && !eof) {
+      carry = Buffer.from(buf.subarray(0, filled)); // one line longer than the chunk: grow
+      continue;
+    }
+    carry = Buffer.from(buf.subarray(cut, filled));
+    yield buf.subarray(0, cut);
+    if (eof) return;
+  }
+}

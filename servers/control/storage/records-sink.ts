@@ -1,0 +1,102 @@
+// The records file as it is written (§9.4–9.5): each record checked for its episode and encoded
+// once, straight into large byte batches (never held as JS strings); each batch is written at its
+// file position and hashed while the next one is encoded.
+import type { FileHandle } from 'node:fs/promises';
+import { refuse } from '../../../protocol/errors.js';
+import { captureKey, decodeEpisodeId } from '../../../protocol/ids.js';
+import { JsonLineEncoder, LosslessJsonError } from '../../../protocol/lossless-json.js';
+import { RecordsDigest, sharedBuffer } from './digest.js';
+import { describeValue } from './paths.js';
+import { isPlainObject } from './record-lines.js';
+
+const BATCH_BYTES = 8 << 20;
+/** Batches written at once before the encoder waits for the disk. */
+const MAX_INFLIGHT = 3;
+/** Start an fdatasync after this many unsynced bytes, so the final fsync has little left to do. */
+const EARLY_SYNC_BYTES = 64 << 20;
+
+export class RecordsSink {
+  private readonly encoder = new JsonLineEncoder((chunk) => this.emit(chunk), BATCH_BYTES);
+  private readonly digest = new RecordsDigest();
+  private readonly free: Buffer[] = [];
+  private inflight: Promise<void>[] = [];
+  private pos = 0;
+  private count = 0;
+  private unsynced = 0;
+  private syncing: Promise<void> = Promise.resolve();
+  private failure: unknown;
+  private closed = false;
+
+  constructor(private readonly fh: FileHandle) {}
+
+  /** Appends one record; after a full batch, a promise that yields to the event loop (control routes stay served) and to the disk. */
+  add(record: object): Promise<void> | undefined {
+    const ep = isPlainObject(record) ? decodeEpisodeId(record.episode_id) : undefined;
+    if (!ep) throw refuse('invalid_checkpoint_state', `a record to write has no valid episode_id (${describeValue((record as { episode_id?: unknown }).episode_id)})`);
+    const before = this.pos;
+    try {
+      this.encoder.writeLine(record);
+    } catch (err) {
+      if (!(err instanceof LosslessJsonError)) throw err;
+      throw refuse('invalid_checkpoint_state', `the record of episode ${captureKey(ep)} cannot be serialized: ${err.message}`);
+    }
+    this.count++;
+    return this.pos === before ? undefined : this.pause();
+  }
+
+  private async pause(): Promise<void> {
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    while (this.inflight.length >= MAX_INFLIGHT) await this.inflight.shift();
+    if (this.failure !== undefined) throw this.failure;
+  }
+
+  async finish(): Promise<{ sha256: string; count: number }> {
+    this.encoder.flush();
+    // The digest first: a single batch is hashed only then, and its write waits for that.
+    const [sha256] = await Promise.all([this.digest.digest(), ...this.inflight, this.syncing]);
+    if (this.failure !== undefined) throw this.failure;
+    await this.fh.sync();
+    this.closed = true;
+    await this.fh.close();
+    return { sha256, count: this.count };
+  }
+
+  /** After a failure: let in-flight work settle, then close the file. */
+  async abort(): Promise<void> {
+    this.digest.drop();
+    await Promise.allSettled([...this.inflight, this.syncing]);
+    if (!this.closed) await this.fh.close().catch(() => {});
+    this.closed = true;
+  }
+
+  /** A batch from the encoder: a view valid only now, so it is copied for the write and the hash. */
+  private emit(chunk: Buffer): void {
+    const pooled = chunk.length <= BATCH_BYTES;
+    const buf = (pooled && this.free.pop()) || sharedBuffer(Math.max(BATCH_BYTES, chunk.length));
+    chunk.copy(buf);
+    const data = buf.subarray(0, chunk.length);
+    const done = Promise.all([fileWrite(this.fh, data, this.pos), this.digest.update(data)]).then(
+      () => void (pooled && this.free.push(buf)),
+      (err: unknown) => void (this.failure ??= err),
+    );
+    this.pos += chunk.length;
+    this.inflight.push(done);
+    this.unsynced += chunk.length;
+    if (this.unsynced >= EARLY_SYNC_BYTES) {
+      // Starts disk writeback while we keep encoding (dirty pages otherwise wait for the fsync).
+      this.unsynced = 0;
+      const written = [...this.inflight, this.syncing];
+      this.syncing = Promise.all(written)
+        .then(() => this.fh.datasync())
+        .catch((err: unknown) => void (this.failure ??= err));
+    }
+  }
+}
+
+async function fileWrite(fh: FileHandle, data: Buffer, position: number): Promise<void> {
+  for (let done = 0; done < data.length; ) {
+    const { bytesWritten } = await fh.write(data, done, data.length - done, position + done);
+    if (bytesWritten <= 0) throw new Error('write made no progress');
+    done += bytesWritten;
+  }
+}

@@ -1,0 +1,93 @@
+// The commit write (§9.5): records streamed once into a hidden temp file (records-sink.ts), then
+// the file fsynced and renamed to its digest name, the directories fsynced, the manifest published last.
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { refuse } from '../../../protocol/errors.js';
+import type { Manifest } from '../../../protocol/manifest.js';
+import { Mutex } from '../../common/async.js';
+import { fsyncPath } from '../../common/durable-files.js';
+import { buildManifest, manifestExtras, manifestsEqual, publishManifest } from './manifest.js';
+import { participantDir, storageError, tempPath } from './paths.js';
+import { RecordsSink } from './records-sink.js';
+
+export interface RecordsWriteOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  checkpointId: string;
+  /** Streamed once, in order; each record is serialized and written as it comes. */
+  records: Iterable<object> | AsyncIterable<object>;
+  /** Kind-specific manifest fields (e.g. `session_owners`); must be plain JSON. */
+  extras?: Record<string, unknown>;
+}
+
+export interface RecordsWrite {
+  /** The published (or identical, already published) manifest; rejects with `invalid_checkpoint_state`. */
+  done: Promise<Manifest>;
+  /** Stop the write (resume): once this resolves, no manifest of this write will ever appear, unless already published. */
+  stop(): Promise<void>;
+}
+
+const STOPPED = 'the checkpoint was resumed before its write finished';
+
+/** Starts a commit write in the background. */
+export function startRecordsWrite(opts: RecordsWriteOptions): RecordsWrite {
+  const lock = new Mutex();
+  const flag = { stopped: false };
+  const done = runWrite(opts, lock, flag);
+  done.catch(() => {}); // the caller may only ever call stop(); never an unhandled rejection
+  return { done, stop: () => lock.run(() => void (flag.stopped = true)) };
+}
+
+/** `startRecordsWrite` and wait for its manifest. */
+export function writeRecords(opts: RecordsWriteOptions): Promise<Manifest> {
+  return startRecordsWrite(opts).done;
+}
+
+async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped: boolean }): Promise<Manifest> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const where = `${opts.kind}/${opts.instance}`;
+  let tmp: string | undefined;
+  let sink: RecordsSink | undefined;
+  try {
+    if (typeof opts.checkpointId !== 'string') throw refuse('invalid_checkpoint_state', 'checkpoint_id is not a string');
+    const extras = manifestExtras(opts.extras);
+    await fsp.mkdir(dir, { recursive: true });
+    tmp = tempPath(dir, 'records.jsonl');
+    sink = new RecordsSink(await fsp.open(tmp, 'wx'));
+    const s = sink;
+    const add = (record: object): Promise<void> | undefined => {
+      if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
+      return s.add(record);
+    };
+    // Sync iterables without an await per record: only a full batch waits.
+    if (Symbol.asyncIterator in opts.records) for await (const record of opts.records) await add(record);
+    else
+      for (const record of opts.records) {
+        const wait = add(record);
+        if (wait) await wait;
+      }
+    const { sha256, count } = await sink.finish();
+    const manifest = buildManifest({ kind: opts.kind, instance: opts.instance, checkpointId: opts.checkpointId, extras, sha256, count });
+    // A host crash must not lose a directory entry under a published manifest.
+    const kindDir = path.dirname(dir);
+    await Promise.all([dir, kindDir, path.dirname(kindDir), opts.checkpointDir].map(fsyncPath));
+
+    return await lock.run(async () => {
+      if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
+      const recordsPath = path.join(dir, manifest.records_file);
+      await fsp.rename(tmp!, recordsPath); // an identical same-named file may be replaced
+      tmp = undefined;
+      const published = await publishManifest(dir, manifest);
+      if (published === 'created') return manifest;
+      if (manifestsEqual(published, manifest)) return published as Manifest; // an idempotent re-commit
+      if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
+      const other = JSON.stringify(published.checkpoint_id);
+      throw refuse('invalid_checkpoint_state', `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${other})`);
+    });
+  } catch (err) {
+    await sink?.abort();
+    if (tmp) await fsp.rm(tmp, { force: true }).catch(() => {});
+    throw storageError(err, `writing the records of ${where}`);
+  }
+}
