@@ -21,11 +21,13 @@
 //   looks only at number tokens and integer-like keys; the hand-written parser only for lines
 //   that need it (NaN tokens, `1.0`, big integers, out-of-order index keys).
 // * `stringifyLossless`: native JSON.stringify after one type walk that never reads strings.
-// * `JsonLineEncoder` (storage writer): bytes straight from values, strings escaped by a SIMD
-//   WebAssembly kernel — about 2-3x faster than JSON.stringify + UTF-8 encoding here.
-// * `parseLosslessUtf8` (storage reader): ASCII lines decode as Latin-1; other lines are first
-//   rewritten to ASCII (\uXXXX) by a kernel, which beats V8's UTF-8 decoder several times over.
+// * `JsonLineEncoder` (storage writer): bytes straight from values into large batches, keys
+//   cached as bytes, short ASCII strings copied by a loop, never a whole line as a JS string.
+// * `jsonTextOfUtf8` (storage reader): ASCII lines decode as Latin-1, the cheapest decoding.
 // All paths give identical bytes/values; the tests hold them to that.
+//
+// Not npm `lossless-json`: it rejects the NaN/Infinity tokens Python writes, and its objects put
+// index-like keys first (`{"b":1,"2":3}` comes back `{"2":3,"b":1}`), so a record would not round-trip.
 import { isAscii, isUtf8 } from 'node:buffer';
 
 /** A JSON number whose text JS would not reproduce (`1.0`, `1e+16`); kept and re-emitted verbatim. */
@@ -599,386 +601,6 @@ export function parseLosslessSlow(text: string): LosslessValue {
   return parseSlow(text);
 }
 
-// --- WebAssembly kernels ----------------------------------------------------------------
-//
-// Two loops V8 has no fast native for: on this class of machine JSON.stringify escapes strings
-// at ~300 MB/s and both UTF-8 directions for text with any non-ASCII run at ~250-300 MB/s,
-// which alone would put a 350 MB commit or restore over a second.
-// * `escape(src, units, dst) → dstEnd`: a string's UTF-16 code units → the UTF-8 body of its
-//   JSON string literal, byte-identical to JSON.stringify (\" \\ \b \f \n \r \t, other
-//   controls \u00xx, lone surrogates \udxxx); 16 units per step while they are plain ASCII.
-// * `asciify(src, len, dst, limit) → dstEnd | -1`: valid UTF-8 JSON text → the same JSON with
-//   every non-ASCII character written \uXXXX (non-ASCII can only occur inside strings), so it
-//   decodes as Latin-1 at memcpy speed and JSON.parse gives the same value. -1 when the output
-//   would pass `limit` (dense non-ASCII: the native decoder is then the better choice).
-// The module is emitted at load time from the instruction lists below (no toolchain, no blob).
-
-const TABLE_OFF = 0; // escape letter per byte value (0 = use \u00xx)
-const HEX_OFF = 128; // "0123456789abcdef"
-const RESERVED = 1024;
-const PAGE = 65536;
-
-function uleb(n: number): number[] {
-  const out: number[] = [];
-  do {
-    let b = n & 0x7f;
-    n >>>= 7;
-    if (n) b |= 0x80;
-    out.push(b);
-  } while (n);
-  return out;
-}
-
-function sleb(n: number): number[] {
-  const out: number[] = [];
-  for (;;) {
-    const b = n & 0x7f;
-    n >>= 7;
-    if ((n === 0 && !(b & 0x40)) || (n === -1 && b & 0x40)) {
-      out.push(b);
-      return out;
-    }
-    out.push(b | 0x80);
-  }
-}
-
-function wasmVec(items: number[][]): number[] {
-  return [...uleb(items.length), ...items.flat()];
-}
-
-function wasmSection(id: number, bytes: number[]): number[] {
-  return [id, ...uleb(bytes.length), ...bytes];
-}
-
-function wasmName(s: string): number[] {
-  return [...uleb(s.length), ...Buffer.from(s, 'latin1')];
-}
-
-/** The few WebAssembly opcodes used (core spec; SIMD ones are 0xfd-prefixed). */
-const W = {
-  get: (i: number) => [0x20, ...uleb(i)],
-  set: (i: number) => [0x21, ...uleb(i)],
-  tee: (i: number) => [0x22, ...uleb(i)],
-  i32: (n: number) => [0x41, ...sleb(n)],
-  load8: (off = 0) => [0x2d, 0, ...uleb(off)],
-  load16: (off = 0) => [0x2f, 0, ...uleb(off)],
-  store8: (off = 0) => [0x3a, 0, ...uleb(off)],
-  add: [0x6a],
-  sub: [0x6b],
-  eq: [0x46],
-  ne: [0x47],
-  geU: [0x4f],
-  ltU: [0x49],
-  gtU: [0x4b],
-  leU: [0x4d],
-  eqz: [0x45],
-  and: [0x71],
-  or: [0x72],
-  shl: [0x74],
-  shrU: [0x76],
-  ctz: [0x68],
-  block: [0x02, 0x40],
-  loop: [0x03, 0x40],
-  if: [0x04, 0x40],
-  else: [0x05],
-  end: [0x0b],
-  br: (depth: number) => [0x0c, ...uleb(depth)],
-  brIf: (depth: number) => [0x0d, ...uleb(depth)],
-  return: [0x0f],
-  v128Load: [0xfd, ...uleb(0x00), 0, 0],
-  v128LoadAt: (off: number) => [0xfd, ...uleb(0x00), 0, ...uleb(off)],
-  i8x16NarrowU: [0xfd, ...uleb(0x66)],
-  v128Store: [0xfd, ...uleb(0x0b), 0, 0],
-  i8x16Splat: [0xfd, ...uleb(0x0f)],
-  i8x16Eq: [0xfd, ...uleb(0x23)],
-  i8x16LtU: [0xfd, ...uleb(0x26)],
-  v128Or: [0xfd, ...uleb(0x50)],
-  i8x16Bitmask: [0xfd, ...uleb(0x64)],
-};
-
-const I32 = 0x7f;
-const V128 = 0x7b;
-
-/**
- * escape16(src, units, dst): the UTF-16 code units of a string (as `Buffer#write(s, 'utf16le')`
- * lays them out) → the UTF-8 body of its JSON string literal, exactly as JSON.stringify writes
- * it (lone surrogates as \udxxx). Params src0 units1 dst2; locals end3 m4 u5 e6 lo7 (i32), v8 (v128).
- */
-function escape16Body(): number[] {
-  const [src, units, dst, end, m, u, e, lo, v] = [0, 1, 2, 3, 4, 5, 6, 7, 8];
-  const { get, set, tee, i32 } = W;
-  const inc = (local: number, n: number) => [...get(local), ...i32(n), ...W.add, ...set(local)];
-  const put = (off: number, value: number[]) => [...get(dst), ...value, ...W.store8(off)];
-  // An ASCII unit `u` that needs an escape: \" \\ \b \f \n \r \t, else \u00xx.
-  const emitEscape = [
-    ...put(0, i32(0x5c)),
-    ...get(u), ...W.load8(TABLE_OFF), ...tee(e),
-    ...W.if,
-      ...put(1, get(e)),
-      ...inc(dst, 2),
-    ...W.else,
-      ...put(1, i32(0x75)),
-      ...put(2, i32(0x30)),
-      ...put(3, i32(0x30)),
-      ...put(4, [...get(u), ...i32(4), ...W.shrU, ...W.load8(HEX_OFF)]),
-      ...put(5, [...get(u), ...i32(15), ...W.and, ...W.load8(HEX_OFF)]),
-      ...inc(dst, 6),
-    ...W.end,
-  ];
-  const hex = (shift: number) => [...get(u), ...i32(shift), ...W.shrU, ...i32(15), ...W.and, ...W.load8(HEX_OFF)];
-  const cont = (shift: number) => [...get(e), ...i32(shift), ...W.shrU, ...i32(0x3f), ...W.and, ...i32(0x80), ...W.or];
-  // Any unit that is not plain ASCII (src already past it; a pair consumes its low half too).
-  const emitUnit = [
-    ...get(u), ...i32(0x80), ...W.ltU,
-    ...W.if,
-      ...emitEscape,
-    ...W.else,
-      ...get(u), ...i32(0x800), ...W.ltU,
-      ...W.if,
-        ...put(0, [...get(u), ...i32(6), ...W.shrU, ...i32(0xc0), ...W.or]),
-        ...put(1, [...get(u), ...i32(0x3f), ...W.and, ...i32(0x80), ...W.or]),
-        ...inc(dst, 2),
-      ...W.else,
-        ...get(u), ...i32(0xf800), ...W.and, ...i32(0xd800), ...W.eq,
-        ...W.if,
-          // A high surrogate followed by a low one is a pair; anything else is lone.
-          ...get(u), ...i32(0xdc00), ...W.ltU,
-          ...get(src), ...get(end), ...W.ltU, ...W.and,
-          ...W.if,
-            ...get(src), ...W.load16(), ...tee(lo), ...i32(0xfc00), ...W.and, ...i32(0xdc00), ...W.eq, ...set(e),
-          ...W.else,
-            ...i32(0), ...set(e),
-          ...W.end,
-          ...get(e),
-          ...W.if,
-            ...get(u), ...i32(0xd800), ...W.sub, ...i32(10), ...W.shl,
-            ...get(lo), ...i32(0xdc00), ...W.sub, ...W.or, ...i32(0x10000), ...W.add, ...set(e),
-            ...put(0, [...get(e), ...i32(18), ...W.shrU, ...i32(0xf0), ...W.or]),
-            ...put(1, cont(12)),
-            ...put(2, cont(6)),
-            ...put(3, cont(0)),
-            ...inc(dst, 4),
-            ...inc(src, 2),
-          ...W.else,
-            ...put(0, i32(0x5c)),
-            ...put(1, i32(0x75)),
-            ...put(2, hex(12)),
-            ...put(3, hex(8)),
-            ...put(4, hex(4)),
-            ...put(5, hex(0)),
-            ...inc(dst, 6),
-          ...W.end,
-        ...W.else,
-          ...get(u), ...set(e),
-          ...put(0, [...get(u), ...i32(12), ...W.shrU, ...i32(0xe0), ...W.or]),
-          ...put(1, cont(6)),
-          ...put(2, cont(0)),
-          ...inc(dst, 3),
-        ...W.end,
-      ...W.end,
-    ...W.end,
-  ];
-  const body = [
-    ...get(src), ...get(units), ...i32(1), ...W.shl, ...W.add, ...set(end),
-    ...W.block,
-    ...W.loop,
-      ...get(src), ...i32(32), ...W.add, ...get(end), ...W.leU,
-      ...W.if,
-        // 16 units → 16 bytes (saturating narrow), stored optimistically; flag every unit that
-        // is not ASCII (high bit, or 0 from a unit ≥ 0x8000) or needs an escape.
-        ...get(src), ...W.v128Load, ...get(src), ...W.v128LoadAt(16), ...W.i8x16NarrowU, ...tee(v),
-        ...get(dst), ...get(v), ...W.v128Store,
-        ...W.i8x16Bitmask,
-        ...get(v), ...i32(0x20), ...W.i8x16Splat, ...W.i8x16LtU,
-        ...get(v), ...i32(0x22), ...W.i8x16Splat, ...W.i8x16Eq, ...W.v128Or,
-        ...get(v), ...i32(0x5c), ...W.i8x16Splat, ...W.i8x16Eq, ...W.v128Or,
-        ...W.i8x16Bitmask, ...W.or, ...tee(m), ...W.eqz,
-        ...W.if,
-          ...inc(src, 32),
-          ...inc(dst, 16),
-        ...W.else,
-          ...get(m), ...W.ctz, ...tee(e), ...get(dst), ...W.add, ...set(dst),
-          ...get(e), ...i32(1), ...W.shl, ...get(src), ...W.add, ...tee(src), ...W.load16(), ...set(u),
-          ...inc(src, 2),
-          ...emitUnit,
-        ...W.end,
-        ...W.br(1),
-      ...W.end,
-      // Fewer than 16 units left: one at a time.
-      ...get(src), ...get(end), ...W.ltU, ...W.eqz, ...W.brIf(1),
-      ...get(src), ...W.load16(), ...set(u),
-      ...inc(src, 2),
-      ...get(u), ...i32(0x20), ...W.geU,
-      ...get(u), ...i32(0x80), ...W.ltU, ...W.and,
-      ...get(u), ...i32(0x22), ...W.ne, ...W.and,
-      ...get(u), ...i32(0x5c), ...W.ne, ...W.and,
-      ...W.if,
-        ...put(0, get(u)),
-        ...inc(dst, 1),
-      ...W.else,
-        ...emitUnit,
-      ...W.end,
-      ...W.br(0),
-    ...W.end,
-    ...W.end,
-    ...get(dst),
-    ...W.end,
-  ];
-  return [...wasmVec([[...uleb(5), I32], [...uleb(1), V128]]), ...body];
-}
-
-/** asciify(src, len, dst, limit): params src0 len1 dst2 limit3; locals end4 m5 b6 cp7 x8 (i32), v9 (v128). */
-function asciifyBody(): number[] {
-  const [src, len, dst, limit, end, m, b, cp, x, v] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9];
-  const { get, set, tee, i32 } = W;
-  const nibble = (shift: number) => [...get(x), ...i32(shift), ...W.shrU, ...i32(15), ...W.and, ...W.load8(HEX_OFF)];
-  const emitU = [
-    ...get(dst), ...i32(0x5c), ...W.store8(0),
-    ...get(dst), ...i32(0x75), ...W.store8(1),
-    ...get(dst), ...nibble(12), ...W.store8(2),
-    ...get(dst), ...nibble(8), ...W.store8(3),
-    ...get(dst), ...nibble(4), ...W.store8(4),
-    ...get(dst), ...nibble(0), ...W.store8(5),
-    ...get(dst), ...i32(6), ...W.add, ...set(dst),
-  ];
-  const cont = (off: number) => [...get(src), ...W.load8(off), ...i32(0x3f), ...W.and];
-  // Decodes the sequence led by `b` (≥ 0x80) at src, writes its \u escape(s), advances both.
-  const decodeEmit = [
-    ...get(b), ...i32(0xe0), ...W.ltU,
-    ...W.if,
-      ...get(b), ...i32(0x1f), ...W.and, ...i32(6), ...W.shl, ...cont(1), ...W.or, ...set(cp),
-      ...get(src), ...i32(2), ...W.add, ...set(src),
-    ...W.else,
-      ...get(b), ...i32(0xf0), ...W.ltU,
-      ...W.if,
-        ...get(b), ...i32(0x0f), ...W.and, ...i32(12), ...W.shl,
-        ...cont(1), ...i32(6), ...W.shl, ...W.or, ...cont(2), ...W.or, ...set(cp),
-        ...get(src), ...i32(3), ...W.add, ...set(src),
-      ...W.else,
-        ...get(b), ...i32(0x07), ...W.and, ...i32(18), ...W.shl,
-        ...cont(1), ...i32(12), ...W.shl, ...W.or, ...cont(2), ...i32(6), ...W.shl, ...W.or, ...cont(3), ...W.or, ...set(cp),
-        ...get(src), ...i32(4), ...W.add, ...set(src),
-      ...W.end,
-    ...W.end,
-    ...get(cp), ...i32(0x10000), ...W.ltU,
-    ...W.if,
-      ...get(cp), ...set(x), ...emitU,
-    ...W.else,
-      ...get(cp), ...i32(0x10000), ...W.sub, ...set(cp),
-      ...i32(0xd800), ...get(cp), ...i32(10), ...W.shrU, ...W.add, ...set(x), ...emitU,
-      ...i32(0xdc00), ...get(cp), ...i32(0x3ff), ...W.and, ...W.add, ...set(x), ...emitU,
-    ...W.end,
-    ...get(dst), ...get(limit), ...W.gtU,
-    ...W.if, ...i32(-1), ...W.return, ...W.end,
-  ];
-  const body = [
-    ...get(src), ...get(len), ...W.add, ...set(end),
-    ...W.block,
-    ...W.loop,
-      ...get(src), ...i32(16), ...W.add, ...get(end), ...W.leU,
-      ...W.if,
-        ...get(src), ...W.v128Load, ...set(v),
-        ...get(dst), ...get(v), ...W.v128Store,
-        ...get(v), ...W.i8x16Bitmask, ...tee(m), ...W.eqz,
-        ...W.if,
-          ...get(src), ...i32(16), ...W.add, ...set(src),
-          ...get(dst), ...i32(16), ...W.add, ...set(dst),
-        ...W.else,
-          ...get(m), ...W.ctz, ...tee(x), ...get(src), ...W.add, ...set(src),
-          ...get(dst), ...get(x), ...W.add, ...set(dst),
-          ...get(src), ...W.load8(), ...set(b),
-          ...decodeEmit,
-        ...W.end,
-        ...W.br(1),
-      ...W.end,
-      ...get(src), ...get(end), ...W.ltU, ...W.eqz, ...W.brIf(1),
-      ...get(src), ...W.load8(), ...tee(b), ...i32(0x80), ...W.ltU,
-      ...W.if,
-        ...get(dst), ...get(b), ...W.store8(),
-        ...get(dst), ...i32(1), ...W.add, ...set(dst),
-        ...get(src), ...i32(1), ...W.add, ...set(src),
-      ...W.else,
-        ...decodeEmit,
-      ...W.end,
-      ...W.br(0),
-    ...W.end,
-    ...W.end,
-    ...get(dst),
-    ...W.end,
-  ];
-  return [...wasmVec([[...uleb(5), I32], [...uleb(1), V128]]), ...body];
-}
-
-function kernelModuleBytes(): Uint8Array {
-  const escape = escape16Body();
-  const asciify = asciifyBody();
-  return new Uint8Array([
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    // types: 0 = (i32 i32 i32) → i32, 1 = (i32 i32 i32 i32) → i32
-    ...wasmSection(1, wasmVec([
-      [0x60, ...wasmVec([[I32], [I32], [I32]]), ...wasmVec([[I32]])],
-      [0x60, ...wasmVec([[I32], [I32], [I32], [I32]]), ...wasmVec([[I32]])],
-    ])),
-    // import "k"."memory": each instance brings its own memory
-    ...wasmSection(2, wasmVec([[...wasmName('k'), ...wasmName('memory'), 0x02, 0x00, ...uleb(1)]])),
-    ...wasmSection(3, wasmVec([[0], [1]])),
-    ...wasmSection(7, wasmVec([
-      [...wasmName('escape'), 0x00, 0],
-      [...wasmName('asciify'), 0x00, 1],
-    ])),
-    ...wasmSection(10, wasmVec([
-      [...uleb(escape.length), ...escape],
-      [...uleb(asciify.length), ...asciify],
-    ])),
-  ]);
-}
-
-// Typed locally: the project's lib (ES2023, no DOM) does not declare the WebAssembly JS API.
-interface WasmMemory {
-  readonly buffer: ArrayBuffer;
-  grow(pages: number): number;
-}
-interface WasmApi {
-  Module: new (bytes: Uint8Array) => object;
-  Instance: new (module: object, imports: object) => { exports: Record<string, unknown> };
-  Memory: new (descriptor: { initial: number }) => WasmMemory;
-}
-const wasmApi = (globalThis as unknown as { WebAssembly?: WasmApi }).WebAssembly;
-
-interface Kernels {
-  memory: WasmMemory;
-  escape(src: number, units: number, dst: number): number;
-  asciify(src: number, len: number, dst: number, limit: number): number;
-}
-
-let kernelModule: object | null | undefined;
-
-/** A kernel instance over a fresh memory of `bytes`; undefined where WebAssembly SIMD is unavailable. */
-function instantiateKernels(bytes: number): Kernels | undefined {
-  if (kernelModule === undefined) {
-    try {
-      kernelModule = wasmApi ? new wasmApi.Module(kernelModuleBytes()) : null;
-    } catch {
-      kernelModule = null; // no WebAssembly SIMD: the JS paths do everything
-    }
-  }
-  if (!kernelModule || !wasmApi) return undefined;
-  const memory = new wasmApi.Memory({ initial: Math.ceil(bytes / PAGE) });
-  const inst = new wasmApi.Instance(kernelModule, { k: { memory } });
-  const table = new Uint8Array(memory.buffer);
-  const letters: Record<number, string> = { 0x08: 'b', 0x09: 't', 0x0a: 'n', 0x0c: 'f', 0x0d: 'r', 0x22: '"', 0x5c: '\\' };
-  for (const [k, c] of Object.entries(letters)) table[TABLE_OFF + Number(k)] = c.charCodeAt(0);
-  for (let i = 0; i < 16; i++) table[HEX_OFF + i] = '0123456789abcdef'.charCodeAt(i);
-  const exp = inst.exports as unknown as Omit<Kernels, 'memory'>;
-  return { memory, escape: exp.escape, asciify: exp.asciify };
-}
-
-/** Whether the WebAssembly kernels run here (otherwise the same bytes come from the JS paths). */
-export function losslessKernelsAvailable(): boolean {
-  instantiateKernels(PAGE);
-  return !!kernelModule;
-}
-
 // --- line encoder (the storage writer's hot path) ----------------------------------------
 
 /**
@@ -989,39 +611,22 @@ export function losslessKernelsAvailable(): boolean {
  */
 export class JsonLineEncoder {
   private readonly sink: (chunk: Buffer) => void;
-  private readonly kernels: Kernels | undefined;
   private readonly mem: Buffer;
-  private readonly scratchAt: number;
-  private readonly maxKernelChars: number;
-  private readonly outStart: number;
-  private readonly outEnd: number;
-  private out: number;
+  private readonly end: number;
+  private out = 0;
   /** `"key":` as UTF-8 bytes, for keys seen before (records repeat the same few keys). */
   private readonly keys = new Map<string, Uint8Array>();
   private readonly ancestors: object[] = [];
 
   constructor(sink: (chunk: Buffer) => void, batchBytes = 4 << 20) {
     this.sink = sink;
-    const scratchBytes = batchBytes >> 1;
-    this.kernels = instantiateKernels(RESERVED + scratchBytes + batchBytes + 64);
-    if (this.kernels) {
-      this.mem = Buffer.from(this.kernels.memory.buffer);
-      this.scratchAt = RESERVED;
-      this.outStart = RESERVED + scratchBytes;
-    } else {
-      this.mem = Buffer.allocUnsafe(batchBytes + 64);
-      this.scratchAt = 0;
-      this.outStart = 0;
-    }
-    // Escaped output is at most 6 bytes per UTF-16 unit; the units take 2 bytes each.
-    this.maxKernelChars = this.kernels ? Math.floor((batchBytes - 64) / 6) : 0;
-    this.outEnd = this.outStart + batchBytes;
-    this.out = this.outStart;
+    this.mem = Buffer.allocUnsafe(batchBytes);
+    this.end = batchBytes;
   }
 
   /** Bytes buffered and not yet passed to the sink. */
   get buffered(): number {
-    return this.out - this.outStart;
+    return this.out;
   }
 
   /** Appends `value` as one line. Throws `LosslessJsonError` for a value `stringifyLossless` refuses. */
@@ -1038,24 +643,24 @@ export class JsonLineEncoder {
 
   /** Passes every buffered byte to the sink. */
   flush(): void {
-    if (this.out > this.outStart) {
-      const chunk = this.mem.subarray(this.outStart, this.out);
-      this.out = this.outStart;
+    if (this.out > 0) {
+      const chunk = this.mem.subarray(0, this.out);
+      this.out = 0;
       this.sink(chunk);
     }
   }
 
   private room(n: number): void {
-    if (this.out + n > this.outEnd) this.flush();
+    if (this.out + n > this.end) this.flush();
   }
 
   private byte(b: number): void {
-    if (this.out >= this.outEnd) this.flush();
+    if (this.out >= this.end) this.flush();
     this.mem[this.out++] = b;
   }
 
   // Short pieces (keys, numbers, short strings) are copied by plain JS loops: a call into
-  // Buffer#write or the kernel costs more than the copy itself.
+  // Buffer#write costs more than the copy itself.
 
   /** An ASCII-only fragment (number text, true/false/null). */
   private ascii(s: string): void {
@@ -1069,7 +674,7 @@ export class JsonLineEncoder {
 
   /** Text that is already a JSON fragment (escaped), any length. */
   private text(s: string): void {
-    if (s.length * 3 <= this.outEnd - this.outStart) {
+    if (s.length * 3 <= this.end) {
       this.room(s.length * 3);
       this.out += this.mem.write(s, this.out);
     } else {
@@ -1098,15 +703,7 @@ export class JsonLineEncoder {
       }
       // Something to escape or encode: the general path below rewrites from the start.
     }
-    const k = this.kernels;
-    if (!k || n > this.maxKernelChars) return this.text(JSON.stringify(s));
-    this.room(6 * n + 2);
-    // UTF-16 units are a copy (or a widening) of the string's own storage; the kernel does the rest.
-    this.mem.write(s, this.scratchAt, 'utf16le');
-    const mem = this.mem;
-    mem[this.out++] = 0x22;
-    this.out = k.escape(this.scratchAt, n, this.out);
-    mem[this.out++] = 0x22;
+    this.text(JSON.stringify(s));
   }
 
   private key(k: string): void {
@@ -1212,35 +809,9 @@ export class JsonLineEncoder {
 
 // --- UTF-8 lines (the storage reader's hot path) ------------------------------------------
 
-/** Lines longer than this skip the asciify kernel (its memory would stay that large). */
-const ASCIIFY_MAX_LINE = 16 << 20;
-let decodeKernels: Kernels | null | undefined;
-let decodeMem: Buffer | undefined;
-
-/** UTF-8 JSON text (a line, or LF-separated lines) as a JS string, as cheaply as its content allows. */
+/** UTF-8 JSON text (a line, or LF-separated lines) as a JS string; ASCII (the common case) decodes as Latin-1, the cheapest. */
 export function jsonTextOfUtf8(bytes: Buffer): string {
   if (isAscii(bytes)) return bytes.toString('latin1');
   if (!isUtf8(bytes)) throw new LosslessJsonError('invalid JSON: not UTF-8');
-  const n = bytes.length;
-  if (n <= ASCIIFY_MAX_LINE) {
-    if (decodeKernels === undefined) decodeKernels = instantiateKernels(RESERVED + 3 * PAGE) ?? null;
-    const k = decodeKernels;
-    if (k) {
-      const limit = n + (n >> 2) + 64; // past this, non-ASCII is dense: the native decoder wins
-      const dst = RESERVED + n;
-      const need = dst + limit + 64;
-      if (need > k.memory.buffer.byteLength) k.memory.grow(Math.ceil((need - k.memory.buffer.byteLength) / PAGE));
-      if (!decodeMem || decodeMem.buffer !== k.memory.buffer) decodeMem = Buffer.from(k.memory.buffer);
-      bytes.copy(decodeMem, RESERVED);
-      const end = k.asciify(RESERVED, n, dst, dst + limit);
-      if (end >= 0) return decodeMem.toString('latin1', dst, end);
-    }
-  }
   return bytes.toString('utf8');
-}
-
-/** `parseLossless` of UTF-8 bytes (one records line without its LF). Refuses invalid UTF-8. */
-export function parseLosslessUtf8(bytes: Uint8Array): LosslessValue {
-  const buf = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  return parseLossless(jsonTextOfUtf8(buf));
 }
