@@ -8,22 +8,19 @@ import { afterAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
+import { sleep } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const TOKEN = 'test-token';
 const AUTH = { authorization: `Bearer ${TOKEN}` };
-const dirs: string[] = [];
 const apps: FastifyInstance[] = [];
 
 afterAll(async () => {
   await Promise.all(apps.map((a) => a.close()));
-  await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
 });
 
-async function tempDir(): Promise<string> {
-  const d = await mkdtemp(join(tmpdir(), 'ckpt-contract-'));
-  dirs.push(d);
-  return d;
-}
+/** Servers live as long as the file: so do their directories. */
+const checkpointDir = (): string => tempDir('ckpt-contract', 'file');
 
 interface Server {
   app: FastifyInstance;
@@ -175,7 +172,7 @@ describe('request validation', () => {
 
 /** Brings a fresh server to a phase under checkpoint ID `C`. */
 async function inPhase(phase: string): Promise<{ s: Server; dir: string }> {
-  const dir = await tempDir();
+  const dir = checkpointDir();
   if (phase === 'restored') {
     const src = await server();
     src.p.upsert('r1', { atBoundary: true, payload: { n: 1 } });
@@ -226,7 +223,7 @@ describe('allowed operations per phase (§8.2), same checkpoint ID', () => {
           const src = await server();
           src.p.upsert('r1', { atBoundary: true, payload: 1 });
           await src.call('prepare', { checkpoint_id: 'SRC', deadline_ts: soon() });
-          restoreDir = await tempDir();
+          restoreDir = checkpointDir();
           expect((await src.call('commit', { checkpoint_id: 'SRC', deadline_ts: soon(), checkpoint_dir: restoreDir, episode_ids: [ep('r1')] })).status).toBe(200);
         }
         if (phase === 'preparing' && op === 'prepare') s.p.upsert('r1', { atBoundary: false });
@@ -332,7 +329,7 @@ describe('prepare', () => {
     s.p.upsert('r2', { atBoundary: true, payload: 2 });
     const r = await s.call('prepare', { checkpoint_id: 'C', deadline_ts: soon(), restarts: ['r1'] });
     expect(r.body.phase).toBe('prepared');
-    const c = await s.call('commit', { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: await tempDir(), episode_ids: null });
+    const c = await s.call('commit', { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: checkpointDir(), episode_ids: null });
     expect(c.body.episode_ids).toEqual(['r2']);
   });
 
@@ -351,7 +348,7 @@ describe('prepare', () => {
     const s = await server();
     s.p.upsert('b', { atBoundary: false });
     const waiting = s.call('prepare', { checkpoint_id: 'C', deadline_ts: soon(20) });
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
     expect((await s.call('resume', { checkpoint_id: 'C', deadline_ts: soon() })).body.idempotent).toBe(false);
     const r = await waiting;
     expect(r.body.phase).toBe('idle');
@@ -371,7 +368,7 @@ describe('commit', () => {
     const again = await s.call('commit', { ...body, episode_ids: [ep('r1'), ep('r2')], deadline_ts: soon(9) });
     expect(again.body).toEqual(first.body);
     expect(s.p.exports).toBe(1);
-    expect((await s.call('commit', { ...body, checkpoint_dir: await tempDir() })).body.error.code).toBe('checkpoint_conflict');
+    expect((await s.call('commit', { ...body, checkpoint_dir: checkpointDir() })).body.error.code).toBe('checkpoint_conflict');
     expect((await s.call('commit', { ...body, episode_ids: [ep('r1')] })).body.error.code).toBe('checkpoint_conflict');
     expect((await s.call('commit', { ...body, episode_ids: null })).body.error.code).toBe('checkpoint_conflict');
   });
@@ -441,14 +438,14 @@ describe('commit', () => {
     const scope = Array.from({ length: 60 }, (_, i) => ep(`w${i}`));
     const { s, dir } = await setup();
     const body = { checkpoint_id: 'C', deadline_ts: soon(30), checkpoint_dir: dir, episode_ids: scope };
-    const [a, b] = await Promise.all([s.call('commit', body), new Promise((r) => setTimeout(r, 20)).then(() => s.call('commit', body))]);
+    const [a, b] = await Promise.all([s.call('commit', body), sleep(20).then(() => s.call('commit', body))]);
     expect(a.status).toBe(200);
     expect(b.body).toEqual(a.body);
     expect(s.p.exports).toBe(1);
 
     const { s: s2, dir: dir2 } = await setup();
     const pending = s2.call('commit', { ...body, checkpoint_dir: dir2 });
-    await new Promise((r) => setTimeout(r, 30));
+    await sleep(30);
     expect((await s2.call('resume', { checkpoint_id: 'C', deadline_ts: soon() })).body.idempotent).toBe(false);
     const r = await pending;
     expect(r.status).not.toBe(200);
@@ -464,7 +461,7 @@ describe('commit', () => {
     const body = { checkpoint_id: 'C', deadline_ts: soon(0.1), checkpoint_dir: dir, episode_ids: [ep('r1')] };
     expect((await s.call('commit', body)).body.error.code).toBe('deadline_exceeded');
     expect((await s.call('resume', { checkpoint_id: 'C', deadline_ts: soon() })).body.idempotent).toBe(false);
-    await new Promise((r) => setTimeout(r, 700));
+    await sleep(700);
     await expect(readdir(join(dir, 'gym', 'environment', 'env1'))).rejects.toThrow();
   });
 
@@ -483,7 +480,7 @@ describe('commit', () => {
 
 describe('storage through the routes', () => {
   it('payloads round-trip byte for byte, key order kept, big integers and non-finite numbers', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     const payload = { z: 1, a: [1, 'two', { y: null, b: true }], '2': 'int-like key', '1': 'first?', big: 2n ** 70n, neg: -Infinity };
     const src = await server();
     src.p.upsert('r1', { atBoundary: true, payload });
@@ -498,7 +495,7 @@ describe('storage through the routes', () => {
     expect(r.body).toEqual({ phase: 'restored', source_checkpoint_id: 'C', restored: ['r1-a1'] });
     await dst.call('resume', { checkpoint_id: 'R', deadline_ts: soon() });
     // the restored episode is exported again under its replacement attempt (N+1 → stored as r1-a1)
-    const dir2 = await tempDir();
+    const dir2 = checkpointDir();
     await dst.call('prepare', { checkpoint_id: 'C2', deadline_ts: soon() });
     const c2 = await dst.call('commit', { checkpoint_id: 'C2', deadline_ts: soon(), checkpoint_dir: dir2, episode_ids: [ep('r1', 1)] });
     expect(c2.body.episode_ids).toEqual(['r1-a1']);
@@ -510,7 +507,7 @@ describe('storage through the routes', () => {
   });
 
   it('every corrupt checkpoint is invalid_checkpoint_state (422), never a 500', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     const src = await server();
     src.p.upsert('r1', { atBoundary: true, payload: 1 });
     await src.call('prepare', { checkpoint_id: 'C', deadline_ts: soon() });
@@ -545,7 +542,7 @@ describe('storage through the routes', () => {
 
   it('a commit into an unwritable directory is invalid_checkpoint_state', async () => {
     const { s } = await inPhase('prepared');
-    const file = join(await tempDir(), 'a-file');
+    const file = join(checkpointDir(), 'a-file');
     await writeFile(file, 'x');
     const r = await s.call('commit', { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: file, episode_ids: [ep('r1')] });
     expect(r.status).toBe(422);
@@ -601,7 +598,7 @@ describe('lease (§8.6)', () => {
     const shorter = await s.call('renew', { checkpoint_id: 'C', deadline_ts: soon(0) });
     expect(shorter.body.lease_expires_at).toBe(renewed.body.lease_expires_at);
     expect(s.p.gate.isOpen).toBe(false);
-    await new Promise((r) => setTimeout(r, 900));
+    await sleep(900);
     const st = (await s.call('status')).body;
     expect(st).toMatchObject({ phase: 'idle', checkpoint_id: null, lease_expires_at: null });
     expect(s.p.gate.isOpen).toBe(true);
@@ -617,7 +614,7 @@ describe('lease (§8.6)', () => {
       if (failures++ < 2) throw new Error('cannot reopen yet');
       open.call(s.p.plane.hooks);
     };
-    await new Promise((r) => setTimeout(r, 1200));
+    await sleep(1200);
     expect(failures).toBeGreaterThanOrEqual(3);
     expect(s.p.gate.isOpen).toBe(true);
     expect((await s.call('status')).body.phase).toBe('idle');
@@ -678,7 +675,7 @@ describe('data plane', () => {
       done = true;
       return r;
     });
-    await new Promise((r) => setTimeout(r, 150));
+    await sleep(150);
     expect(done).toBe(false);
     await s.call('resume', { checkpoint_id: 'C', deadline_ts: soon() });
     expect((await step).statusCode).toBe(200);

@@ -17,6 +17,7 @@ import { startRun } from '../../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
 import type { RunSummary } from '../../workflows/trainingRun.js';
+import { sleep, waitFor } from '../helpers/wait.js';
 
 const TOKEN = 'controller-e2e-token';
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -121,7 +122,7 @@ describe('controller on the dev server with a real Gym', () => {
     // completion is recorded: give the last ones a moment to close)
     let rollouts = await rolloutWorkflows(cfg.run.name);
     for (let i = 0; i < 100 && [...rollouts.values()].some((st) => st.includes('RUNNING')); i++) {
-      await new Promise((r) => setTimeout(r, 100));
+      await sleep(100);
       rollouts = await rolloutWorkflows(cfg.run.name);
     }
     expect(rollouts.size).toBe(expected);
@@ -147,7 +148,7 @@ describe('controller on the dev server with a real Gym', () => {
     await first.kill();
     // The server starts the child from the run's command: give it a moment to exist.
     let statusWhileDown: WorkflowExecutionDescription | undefined;
-    await until(`${attemptId} to exist`, async () => {
+    await waitFor(`${attemptId} to exist`, async () => {
       statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
       return statusWhileDown !== undefined;
     }, 5_000);
@@ -230,13 +231,6 @@ async function post(url: string, body: unknown = {}): Promise<void> {
 
 const backendUrl = (): string => readEndpoints(join(dir, 'gym')).policy_backend!.url;
 
-async function until(what: string, pred: () => Promise<boolean>, timeoutMs = 60_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await pred())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 /** SIGKILL every Gym process (the inference backend survives), let held calls go, start fresh ones. */
 async function crashGym(): Promise<void> {
@@ -299,8 +293,8 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       const handle = await startRun(client, cfg);
       const counter = `${name}.s1-p0`;
       const genrm = `${name}.s1-p1`;
-      await until('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1);
-      await new Promise((r) => setTimeout(r, 1_500)); // the held siblings reach their boundaries
+      await waitFor('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1);
+      await sleep(1_500); // the held siblings reach their boundaries
       const saved = await handle.executeUpdate(checkpointNow);
       expect(saved.outcome).toBe('completed');
       expect(saved.scope?.length).toBe(7); // every unfinished sibling is parked at a boundary
@@ -360,15 +354,15 @@ describe('retention', () => {
         rollout_checkpointing: { snapshot_attempt_interval_s: null, keep_latest_k: 1, gym: { prepare_timeout_s: 30 } },
       });
       const handle = await startRun(client, cfg);
-      await until('both rollouts in flight', async () => (await handle.query(runStatus)).inFlight === 2);
-      await new Promise((r) => setTimeout(r, 1_500)); // they reach their boundaries
+      await waitFor('both rollouts in flight', async () => (await handle.query(runStatus)).inFlight === 2);
+      await sleep(1_500); // they reach their boundaries
       const first = await handle.executeUpdate(checkpointNow);
       const second = await handle.executeUpdate(checkpointNow);
       expect([first.outcome, second.outcome]).toEqual(['completed', 'completed']);
       const root = dirname(second.snapshotDir!);
       expect(dirname(first.snapshotDir!)).toBe(root);
       // Applied by the run once it has the outcome (not before the update answers): wait for it.
-      await until('the older snapshot deleted', async () => (await readdir(root)).length === 1);
+      await waitFor('the older snapshot deleted', async () => (await readdir(root)).length === 1);
       expect(await readdir(root)).toEqual([basename(second.snapshotDir!)]);
       await post(`${backendUrl()}/_ctl/release`);
       const summary: RunSummary = await handle.result();
@@ -393,7 +387,7 @@ describe('a cold restore_mode: latest start', () => {
     const cfgA = config(first, first, trained);
     const a = await startRun(client, cfgA);
     // Park everything after step 2's anchor and its snapshot, then lose the controller and Gym.
-    await until('step 2 with its trainer-boundary snapshot', async () => {
+    await waitFor('step 2 with its trainer-boundary snapshot', async () => {
       const s = await a.query(runStatus);
       if (process.env.E2E_VERBOSE) console.log(JSON.stringify({ steps: s.steps, ck: s.checkpoints.map((c) => [c.trigger, c.outcome, c.reason, c.snapshotDir]) }));
       return s.steps >= 2 && s.checkpoints.some((c) => c.trigger === 'trainer_boundary' && c.outcome === 'completed' && c.snapshotDir?.includes('step_2'));
@@ -452,7 +446,7 @@ describe('crashes of the controller side', () => {
     });
     const handle = await startRun(client, cfg);
     // Hold every model call once step 3 trained, so the kill lands between anchors (step_2 … step_4).
-    await until('step 3', async () => (await handle.query(runStatus)).steps >= 3, 120_000);
+    await waitFor('step 3', async () => (await handle.query(runStatus)).steps >= 3, 120_000);
     await post(`${backendUrl()}/_ctl/hold`, { after_calls: 0 });
     const killedAt = (await handle.query(runStatus)).steps;
     await first.kill();

@@ -8,14 +8,14 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { groupAlive } from '../../servers/launcher/group-liveness.js';
 import { downDeployment, statusDeployment, upDeployment } from '../../servers/launcher/launcher.js';
 import { hasRunState, readRunState } from '../../servers/launcher/run-dir.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const EXAMPLE = fileURLToPath(new URL('../../examples/gym.yaml', import.meta.url));
-const tmp = mkdtempSync(join(tmpdir(), 'gym-example-'));
+const tmp = tempDir('gym-example', 'file');
 const runDir = join(tmp, 'run');
 
 afterAll(async () => {
   if (hasRunState(runDir)) await downDeployment(runDir, { graceMs: 1_000 }).catch(() => {});
-  rmSync(tmp, { recursive: true, force: true });
 });
 
 describe('examples/gym.yaml', () => {

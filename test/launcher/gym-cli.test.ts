@@ -10,12 +10,13 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { groupAlive } from '../../servers/launcher/group-liveness.js';
 import { downDeployment } from '../../servers/launcher/launcher.js';
 import { hasRunState, readRunState } from '../../servers/launcher/run-dir.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const TSX = fileURLToPath(new URL('../../node_modules/.bin/tsx', import.meta.url));
 const GYM = fileURLToPath(new URL('../../scripts/gym.ts', import.meta.url));
 const run = promisify(execFile);
 
-const tmp = mkdtempSync(join(tmpdir(), 'gym-cli-'));
+const tmp = tempDir('gym-cli', 'file');
 const runDir = join(tmp, 'run');
 const config = join(tmp, 'gym.yaml');
 writeFileSync(config, 'servers:\n  policy_backend: { kind: inference }\n  policy_model: { kind: model, options: { backend: policy_backend } }\n');
@@ -24,7 +25,6 @@ const gym = (...args: string[]) => run(TSX, [GYM, ...args], { env: { ...process.
 
 afterAll(async () => {
   if (hasRunState(runDir)) await downDeployment(runDir, { graceMs: 1_000 }).catch(() => {});
-  rmSync(tmp, { recursive: true, force: true });
 });
 
 describe('gym CLI', () => {

@@ -17,11 +17,12 @@ import {
   upDeployment,
 } from '../../servers/launcher/launcher.js';
 import { hasRunState, readRunState } from '../../servers/launcher/run-dir.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const TOKEN = 'launcher-test-token';
 const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
 
-const tmp = mkdtempSync(join(tmpdir(), 'gym-launcher-'));
+const tmp = tempDir('gym-launcher', 'file');
 const runDir = join(tmp, 'run');
 const config = join(tmp, 'gym.yaml');
 writeFileSync(
@@ -79,7 +80,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   if (hasRunState(runDir)) await downDeployment(runDir, { graceMs: 1_000 }).catch(() => {});
-  rmSync(tmp, { recursive: true, force: true });
 });
 
 describe('launcher (real processes)', () => {

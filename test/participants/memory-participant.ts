@@ -10,6 +10,7 @@ import type { CheckpointRecord } from '../../protocol/manifest.js';
 import type { ParticipantHooks } from '../../servers/control/hooks.js';
 import { mountControlPlane } from '../../servers/control/plugin.js';
 import { createGymApp, rolloutOf } from '../../servers/common/app.js';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 export interface MemoryEpisode {
   episode: EpisodeId;
@@ -56,7 +57,6 @@ export function createMemoryParticipant(opts: {
   const gate = new AdmissionGate();
   const faults: MemoryFaults = {};
   const retiring = new Set<CaptureKey>();
-  const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
   const live = (carried: ReadonlySet<CaptureKey>): MemoryEpisode[] =>
     [...episodes.values()].filter((e) => !e.restart && !carried.has(captureKey(e.episode)));

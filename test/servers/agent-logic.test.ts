@@ -13,6 +13,7 @@ import { AgentOptionsSchema } from '../../servers/agent/options.js';
 import { AgentCore } from '../../servers/agent/core.js';
 import { fullParticipantHooks } from '../../servers/agent/participant.js';
 import type { FunctionCallItem } from '../../servers/agent/wire.js';
+import { sleep } from '../helpers/wait.js';
 
 function completion(message: Record<string, unknown>, finish = 'stop', extra: Record<string, unknown> = {}) {
   return { id: 'c1', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message, finish_reason: finish }], ...extra };
@@ -270,7 +271,7 @@ describe('parking and restored sessions (participant hooks)', () => {
     const wait = c.waitForResume().then(() => (woke = true));
     c.gate.reopen();
     c.gate.close(); // the next checkpoint closes admission before the waiter runs
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
     expect(woke).toBe(false);
     c.gate.reopen();
     await wait;

@@ -10,10 +10,11 @@ import type { Deployment } from '../../servers/common/deployment.js';
 import { callJson, closeDataAgent } from '../../servers/common/http-client.js';
 import type { ServerContext } from '../../servers/common/server-context.js';
 import simpleAgent, { AgentOptionsSchema } from '../../servers/agent/module.js';
+import { sleep } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const TOKEN = 'agent-test-token';
 const SECRET = 'agent-test-session-secret-0123456789';
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 // --- fake policy model: tool call SF, tool call LA, then an answer --------------------------
 
@@ -392,7 +393,7 @@ describe('agent server (simple_agent)', () => {
   });
 
   it('exports a parked session; a fresh agent installs it and the replacement continues from the boundary', async () => {
-    const dir = await mkdtemp(path.join(tmpdir(), 'agent-ckpt-'));
+    const dir = tempDir('agent-ckpt');
     try {
       const agent = await startAgent(model.url);
       const s = await seed(agent, 'exp1');
@@ -597,7 +598,7 @@ describe('agent server (simple_agent)', () => {
     const prep = await agent.control('prepare', { checkpoint_id: 'ck-ro' });
     expect(prep.body.phase).toBe('prepared');
     expect(prep.body.report.restarts).toEqual(['ro1']);
-    const dir = await mkdtemp(path.join(tmpdir(), 'agent-ro-'));
+    const dir = tempDir('agent-ro');
     try {
       // A restart in scope is refused (this agent holds none of its state).
       const inScope = await agent.control('commit', { checkpoint_id: 'ck-ro', checkpoint_dir: dir, episode_ids: [{ rollout_id: 'ro1', attempt: 0 }] });

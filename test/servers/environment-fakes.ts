@@ -214,11 +214,3 @@ export function runBody(rollout_id: string, attempt = 0, t = task()) {
   return { episode_id: { rollout_id, attempt }, task: t };
 }
 
-/** Polls until `cond` holds (every 5 ms, up to `ms`). */
-export async function waitFor(cond: () => boolean, ms = 5_000, what = 'condition'): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}

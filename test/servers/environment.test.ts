@@ -21,12 +21,12 @@ import {
   startFakeAgent,
   startFakeResources,
   task,
-  waitFor,
   type FakeServer,
 } from './environment-fakes.js';
+import { sleep, waitFor } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const apps: FastifyInstance[] = [];
-const dirs: string[] = [];
 let agent: FakeServer;
 let resources: FakeServer;
 
@@ -37,7 +37,6 @@ afterEach(async () => {
 
 afterAll(async () => {
   await closeAll(apps);
-  await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
 });
 
 async function fakes(opts: { verify?: 'wait' | 'replay' | null; restart?: boolean; agentRestart?: boolean } = {}): Promise<void> {
@@ -52,11 +51,8 @@ async function env(options: Record<string, unknown> = {}, checkpoint = true): Pr
   return e;
 }
 
-async function tempDir(): Promise<string> {
-  const d = await mkdtemp(join(tmpdir(), 'env-ckpt-'));
-  dirs.push(d);
-  return d;
-}
+/** Servers live as long as the file: so do their directories. */
+const checkpointDir = (): string => tempDir('env-ckpt', 'file');
 
 interface Reply {
   status: number;
@@ -93,7 +89,7 @@ function track<T>(p: Promise<T>): { settled: () => boolean; value: () => T | und
 }
 
 async function commitAndRead(e: EnvironmentServer, id: string, scope: unknown[] | null = null): Promise<{ reply: Reply; records: any[]; dir: string }> {
-  const dir = await tempDir();
+  const dir = checkpointDir();
   const reply = await control(e, 'commit', { checkpoint_id: id, deadline_ts: soon(), checkpoint_dir: dir, episode_ids: scope });
   expect(reply.status, JSON.stringify(reply.body)).toBe(200);
   const { records } = await readRecords({ checkpointDir: dir, kind: 'environment', instance: 'env', scope: null });
@@ -341,7 +337,7 @@ describe('checkpoints: boundaries exported while parked', () => {
     expect((await control(e, 'prepare', { checkpoint_id: 'c4', deadline_ts: soon() })).body.phase).toBe('prepared');
     const { records } = await commitAndRead(e, 'c4');
     expect(records[0].boundary).toMatchObject({ next: 'return', result: { reward: 1 }, observations: OBSERVATIONS });
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     expect(pending.settled()).toBe(false);
     expect(resources.count('close_session', 'verify-1')).toBe(0);
     await control(e, 'resume', { checkpoint_id: 'c4', deadline_ts: soon() });
@@ -381,7 +377,7 @@ describe('checkpoints: boundaries exported while parked', () => {
     expect((await control(e, 'status')).body.report).toMatchObject({ ready: true, blockers: [] });
     const { records } = await commitAndRead(e, 'c6');
     expect(records).toEqual([expect.objectContaining({ episode_id: ep('fail-open'), boundary: null })]);
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     expect(agent.count('agent_close', 'fail-open')).toBe(0);
     expect(resources.count('close_session', 'fail-open')).toBe(0);
     expect(pending.settled()).toBe(false);
@@ -421,7 +417,7 @@ describe('checkpoints: restore into a fresh process', () => {
       await waitFor(() => first.participant.steps.stateOf(key) === 'parked');
     } else {
       const prep = control(first, 'prepare', { checkpoint_id: 'ck', deadline_ts: soon() });
-      await new Promise((r) => setTimeout(r, 20));
+      await sleep(20);
       fake.release(holdRoute);
       expect((await prep).body.phase).toBe('prepared');
     }
@@ -579,7 +575,7 @@ describe('restarts', () => {
     await waitFor(() => agent.count('agent_close', 'rs') === 1);
     const prep = await control(e, 'prepare', { checkpoint_id: 'r1', deadline_ts: soon() });
     expect(prep.body).toMatchObject({ phase: 'prepared', report: { ready: true, blockers: [], restarts: ['rs'] } });
-    const inScope = await control(e, 'commit', { checkpoint_id: 'r1', deadline_ts: soon(), checkpoint_dir: await tempDir(), episode_ids: [ep('rs')] });
+    const inScope = await control(e, 'commit', { checkpoint_id: 'r1', deadline_ts: soon(), checkpoint_dir: checkpointDir(), episode_ids: [ep('rs')] });
     expect(inScope.body.error.code).toBe('restart_in_scope');
     const { records } = await commitAndRead(e, 'r1', []);
     expect(records).toEqual([]);
@@ -608,7 +604,7 @@ describe('restarts', () => {
     await waitFor(() => resources.count('seed_session', 'rw') === 1);
     expect((await control(e, 'prepare', { checkpoint_id: 'r2', deadline_ts: soon() })).body.report.restarts).toEqual([]);
     resources.release('seed_session');
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     expect(e.participant.steps.restarts()).toEqual([]);
     expect(agent.count('agent_seed', 'rw')).toBe(0);
     await control(e, 'resume', { checkpoint_id: 'r2', deadline_ts: soon() });
@@ -639,7 +635,7 @@ describe('idempotent /run (our extension)', () => {
     const a = run(e, runBody('dup'));
     await waitFor(() => agent.count('activation', 'dup') === 1);
     const b = run(e, runBody('dup'));
-    await new Promise((r) => setTimeout(r, 30));
+    await sleep(30);
     agent.release('activation');
     const [ra, rb] = await Promise.all([a, b]);
     expect(rb).toEqual(ra);
@@ -657,7 +653,7 @@ describe('idempotent /run (our extension)', () => {
     await control(e, 'prepare', { checkpoint_id: 'd1', deadline_ts: soon() });
     const b = track(run(e, runBody('dup2')));
     agent.release('activation');
-    await new Promise((r) => setTimeout(r, 30));
+    await sleep(30);
     expect(b.settled()).toBe(false);
     await control(e, 'resume', { checkpoint_id: 'd1', deadline_ts: soon() });
     await waitFor(() => a.settled() && b.settled());
@@ -752,7 +748,7 @@ describe('retire', () => {
     const pending = track(run(e, runBody('fc')));
     await waitFor(() => resources.count('close_session', 'fc') === 1);
     const retire = track(control(e, 'retire', { checkpoint_id: 'retire', deadline_ts: soon(), episode_ids: [ep('fc')] }));
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
     expect(retire.settled()).toBe(false);
     expect((await control(e, 'status')).body.report).toMatchObject({ blockers: ['fc'] });
     resources.release('close_session');

@@ -11,6 +11,7 @@ import { buildInferenceApp, type InferenceState } from '../../servers/inference/
 import type { CallRecord } from '../../servers/inference/call-log.js';
 import { initialWeights } from '../../servers/inference/policy.js';
 import { buildInventory, GENERATION_CUT_PATH, validateReceipt, type GenerationCutContinuation } from '../../servers/model/cut-wire.js';
+import { waitFor } from '../helpers/wait.js';
 
 const TOKEN = 'cut-token';
 const pool = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
@@ -56,11 +57,7 @@ const chat = (key: string, id: string, messages = weather, extra: Record<string,
   post(`/ng-rollout/${key}/v1/chat/completions`, { model: 'policy', messages, ng_capture: capture(key, id, extra) });
 
 async function waitDecoded(index: number, n: number): Promise<void> {
-  const until = Date.now() + 5_000;
-  while ((calls()[index]?.decoded_tokens ?? 0) < n) {
-    if (Date.now() > until) throw new Error('call did not decode in time');
-    await new Promise((r) => setTimeout(r, 5));
-  }
+  await waitFor(`call ${index} to decode ${n} tokens`, () => (calls()[index]?.decoded_tokens ?? 0) >= n, 5_000);
 }
 
 const inventoryFor = (id: string, rollout = 'wx', attempt = 0) =>

@@ -21,6 +21,8 @@ import { buildInferenceApp, type InferenceState } from '../../servers/inference/
 import type { CallRecord } from '../../servers/inference/call-log.js';
 import inferenceModule from '../../servers/inference/module.js';
 import { initialWeights, logSoftmax } from '../../servers/inference/policy.js';
+import { waitFor } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const dev: ChatMessage = { role: 'developer', content: 'You are a helpful assistant.' };
 const weather: ChatMessage[] = [dev, { role: 'user', content: 'How is the weather in SF?\n[task weather city=SF]' }];
@@ -45,13 +47,6 @@ function parseSse(text: string): { chunks: ChatCompletionChunk[]; done: boolean 
   return { chunks, done };
 }
 
-async function waitFor(cond: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 describe('inference server (inject)', () => {
   let app: FastifyInstance;
@@ -307,9 +302,8 @@ describe('inference module', () => {
   const ctx = { name: 'policy_backend', logLevel: 'silent' } as ServerContext;
   let dir: string;
   beforeAll(() => {
-    dir = mkdtempSync(join(tmpdir(), 'inference-'));
+    dir = tempDir('inference', 'file');
   });
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
   it('validates options with defaults and names bad keys', () => {
     expect(inferenceModule.optionsSchema.parse({})).toEqual({ token_delay_ms: 0 });

@@ -20,12 +20,12 @@ import {
   startBackend,
   startModel,
   stopModel,
-  tempDir,
-  waitFor,
   weatherStart,
   type TestBackend,
   type TestModel,
 } from './model-fixtures.js';
+import { waitFor } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 afterEach(async () => {
   await closeFixtures();
@@ -58,7 +58,7 @@ async function checkpointMidGeneration(opts: { cuts: boolean; extra?: Record<str
   const backend = await startBackend({ tokenDelayMs: 25 });
   if (opts.breakCuts) backend.state.cuts.cut = () => ({ checkpoint_id: 'nope' }) as never; // an invalid receipt
   const model = await startModel(backend, { cuts: opts.cuts });
-  const dir = tempDir();
+  const dir = tempDir('model-cuts');
   const first = await chat(model, 'r', weatherStart());
   const m1 = afterToolRound(weatherStart(), first.body);
   const lost = pending(chat(model, 'r', m1, opts.extra ?? {}));
@@ -149,7 +149,7 @@ describe('generation cuts', { timeout: 30_000 }, () => {
     expect((await control(fresh, 'status')).body.restored_generation_cuts).toEqual(['r-a1']);
     // A second checkpoint re-exports the still unclaimed restored cut.
     await control(fresh, 'prepare', { checkpoint_id: 'c2', deadline_ts: deadline() });
-    const dir2 = tempDir();
+    const dir2 = tempDir('model-cuts');
     const c2 = await control(fresh, 'commit', { checkpoint_id: 'c2', deadline_ts: deadline(), checkpoint_dir: dir2, episode_ids: [ep('r', 1)] });
     expect(c2.status).toBe(200);
     const [rec] = (await readRecords({ checkpointDir: dir2, kind: 'model', instance: 'policy_model', scope: new Set(['r-a1']) })).records as any[];

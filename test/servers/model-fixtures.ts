@@ -17,6 +17,7 @@ import type { CallRecord } from '../../servers/inference/call-log.js';
 import { initialWeights, type PolicyWeights } from '../../servers/inference/policy.js';
 import { buildPolicyModel, PolicyModelOptionsSchema } from '../../servers/model/module.js';
 import type { ModelParticipant } from '../../servers/model/participant.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 export const TOKEN = 'model-participant-test-token';
 export const AUTH = { authorization: `Bearer ${TOKEN}` };
@@ -48,11 +49,6 @@ export async function closeFixtures(): Promise<void> {
   for (const c of cleanup.splice(0).reverse()) await c();
 }
 
-export function tempDir(prefix = 'model-test-'): string {
-  const d = mkdtempSync(join(tmpdir(), prefix));
-  cleanup.push(() => rmSync(d, { recursive: true, force: true }));
-  return d;
-}
 
 async function listen(app: FastifyInstance): Promise<string> {
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -106,7 +102,7 @@ export function modelContext(backendUrl: string, options: Record<string, unknown
 }
 
 export async function startModel(backend: { url: string }, opts: { cuts?: boolean; captureDir?: string } = {}): Promise<TestModel> {
-  const captureDir = opts.captureDir ?? tempDir('model-capture-');
+  const captureDir = opts.captureDir ?? tempDir('model-capture');
   const raw = { backend: 'policy_backend', checkpoint_policy: true, checkpoint_generation_cuts: opts.cuts ?? false, capture_dir: captureDir };
   const options = parseConfig(PolicyModelOptionsSchema, raw, 'servers.policy_model.options');
   const { app, participant } = await buildPolicyModel(modelContext(backend.url, raw), options);
@@ -195,17 +191,7 @@ export async function control(model: TestModel, op: string, body?: Record<string
 export const deadline = (s = 10): number => Date.now() / 1000 + s;
 export const ep = (rollout_id: string, attempt = 0): EpisodeId => ({ rollout_id, attempt });
 
-export async function waitFor<T>(what: string, cond: () => T | Promise<T>, timeoutMs = 10_000): Promise<NonNullable<T>> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await cond();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 export async function closePool(): Promise<void> {
   await pool.close();

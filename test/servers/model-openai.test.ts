@@ -16,7 +16,8 @@ import { closeDataAgent } from '../../servers/common/http-client.js';
 import { downDeployment, upDeployment } from '../../servers/launcher/launcher.js';
 import { buildPolicyModel, PolicyModelOptionsSchema } from '../../servers/model/module.js';
 import { listStagingKeys, readLedgerRows, readStagedTokens } from '../../servers/model/token-store.js';
-import { AUTH, closeFixtures, control, deadline, ep, modelContext, tempDir, TOKEN } from './model-fixtures.js';
+import { AUTH, closeFixtures, control, deadline, ep, modelContext, TOKEN } from './model-fixtures.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 // --- a recording third-party backend ----------------------------------------------------------------
 
@@ -82,7 +83,7 @@ interface Started {
 }
 
 async function startModel(options: Record<string, unknown> = {}, env: NodeJS.ProcessEnv = { [KEY_ENV]: SECRET }): Promise<Started> {
-  const captureDir = tempDir('model-openai-');
+  const captureDir = tempDir('model-openai');
   const raw = { backend_url: `${backendUrl}/v1`, backend_api: 'openai', served_model: 'served-smol', api_key_env: KEY_ENV, checkpoint_policy: true, capture_dir: captureDir, ...options };
   const opts = parseConfig(PolicyModelOptionsSchema, raw, 'servers.policy_model.options');
   const saved = { ...process.env };
@@ -318,7 +319,7 @@ describe('backend configuration', () => {
 
 describe('the API key in a real model server process', { timeout: 60_000 }, () => {
   it('reaches the backend and appears in no log line, status reply or checkpoint file', async () => {
-    const dir = tempDir('model-openai-proc-');
+    const dir = tempDir('model-openai-proc');
     const config = join(dir, 'gym.yaml');
     writeFileSync(
       config,

@@ -20,15 +20,14 @@ import {
   http,
   modelContext,
   pending,
-  sleep,
   startBackend,
   startModel,
   stopModel,
-  tempDir,
-  waitFor,
   weatherStart,
   type TestModel,
 } from './model-fixtures.js';
+import { sleep, waitFor } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 afterEach(async () => {
   await closeFixtures();
@@ -76,7 +75,7 @@ describe('admission gate', { timeout: 20_000 }, () => {
     expect(backend.calls()[0]!.admission).toBeUndefined();
     expect(await listStagingKeys(model.captureDir, 'anonymous')).toEqual([]);
     // Once served, it will not take a restore.
-    const restore = await control(model, 'restore', { checkpoint_id: 'rs', deadline_ts: deadline(), checkpoint_dir: tempDir(), episode_ids: [] });
+    const restore = await control(model, 'restore', { checkpoint_id: 'rs', deadline_ts: deadline(), checkpoint_dir: tempDir('model-participant'), episode_ids: [] });
     expect(restore.status).toBe(409);
     expect(restore.body.error.code).toBe('checkpoint_error');
   });
@@ -102,7 +101,7 @@ describe('admission gate', { timeout: 20_000 }, () => {
   it('prepare never waits for a generation: a reply arriving while prepared is held; commit leaves it out; resume delivers it', async () => {
     const backend = await startBackend();
     const model = await startModel(backend);
-    const dir = tempDir();
+    const dir = tempDir('model-participant');
     const first = await chat(model, 'w1', weatherStart());
     expect(first.status).toBe(200);
     const m1 = afterToolRound(weatherStart(), first.body);
@@ -172,7 +171,7 @@ describe('admission gate', { timeout: 20_000 }, () => {
     const backend = await startBackend();
     const model = await startModel(backend);
     await prepare(model, 'c1');
-    const r = await commit(model, 'c1', tempDir(), null);
+    const r = await commit(model, 'c1', tempDir('model-participant'), null);
     expect(r.status).toBe(409);
     expect(r.body.error.code).toBe('export_failed');
     expect(r.body.error.detail).toMatch(/explicit commit scope/);
@@ -194,7 +193,7 @@ describe('restore and retire', { timeout: 30_000 }, () => {
   async function checkpointWithUndelivered(): Promise<{ dir: string; captureDir: string; backend: Awaited<ReturnType<typeof startBackend>>; saved: any; m1: any }> {
     const backend = await startBackend();
     const model = await startModel(backend);
-    const dir = tempDir();
+    const dir = tempDir('model-participant');
     const first = await chat(model, 'r', weatherStart());
     const m1 = afterToolRound(weatherStart(), first.body);
     backend.state.holds.place({ after_calls: 1 });
@@ -335,11 +334,11 @@ describe('restore and retire', { timeout: 30_000 }, () => {
     await resume(fresh, 'rs1');
     await prepare(fresh, 'c2');
     // Scope keeps r-a1: it is exported again (unclaimed restored state).
-    const keep = await commit(fresh, 'c2', tempDir(), [ep('r', 1)]);
+    const keep = await commit(fresh, 'c2', tempDir('model-participant'), [ep('r', 1)]);
     expect(keep.body.episode_ids).toEqual(['r-a1']);
     await resume(fresh, 'c2');
     await prepare(fresh, 'c3');
-    const drop = await commit(fresh, 'c3', tempDir(), []);
+    const drop = await commit(fresh, 'c3', tempDir('model-participant'), []);
     expect(drop.status).toBe(200);
     expect(drop.body).toMatchObject({ episode_ids: [], staging_keys: [], staging_keys_by_episode: {} });
     expect(existsSync(ledgerPath(captureDir, 'r-a1'))).toBe(false);

@@ -12,6 +12,7 @@ import type { GenerationCall, GenerationGate } from '../../servers/model/gate.js
 import policyModel, { PolicyModelOptionsSchema } from '../../servers/model/module.js';
 import { backendRootOf, registerModelProxy } from '../../servers/model/proxy.js';
 import { resolveBackend } from '../../servers/model/backend.js';
+import { sleep } from '../helpers/wait.js';
 
 // --- a fake inference backend: records every call; streams SSE chunks the test releases one by one
 
@@ -258,7 +259,7 @@ describe('the gate seam', { timeout: 10_000 }, () => {
     expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start 200 true']);
     pushStream(null);
     while (!(await it.next()).done);
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
     expect(events).toEqual(['admit g1-a1 g1/1 /v1/chat/completions', 'start 200 true', 'complete', 'end']);
   });
 

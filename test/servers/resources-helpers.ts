@@ -5,6 +5,7 @@ import { CONTROL_PREFIX } from '../../protocol/control.js';
 import type { Deployment, ServerEntry } from '../../servers/common/deployment.js';
 import type { ServerContext, ServerModule } from '../../servers/common/server-context.js';
 import { cookieHeader, parseSetCookies } from '../../servers/common/session-cookie.js';
+import { sleep } from '../helpers/wait.js';
 
 export const TOKEN = 'resources-test-token';
 export const SECRET = 'resources-test-session-secret';
@@ -66,7 +67,6 @@ export async function control(app: FastifyInstance, op: string, body?: Record<st
 
 export const soon = (s = 5): number => Date.now() / 1000 + s;
 export const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** True when `p` settled within `ms`. */
 export async function settlesWithin(p: Promise<unknown>, ms: number): Promise<boolean> {
@@ -79,15 +79,6 @@ export async function settlesWithin(p: Promise<unknown>, ms: number): Promise<bo
   return done;
 }
 
-/** Polls until `fn` is true (or fails after `ms`). */
-export async function until(fn: () => Promise<boolean> | boolean, ms = 3000): Promise<void> {
-  const end = Date.now() + ms;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > end) throw new Error('condition not reached in time');
-    await sleep(10);
-  }
-}
 
 function parse(text: string): any {
   try {

@@ -16,14 +16,14 @@ import * as counterMod from '../../servers/resources/counter.js';
 import * as genrmMod from '../../servers/resources/genrm-compare.js';
 import * as weatherMod from '../../servers/resources/weather.js';
 import { weatherDescription, weatherReward } from '../../servers/resources/weather.js';
-import { buildServer, Client, contextFor, control, ep, SECRET, settlesWithin, sleep, soon, until } from './resources-helpers.js';
+import { buildServer, Client, contextFor, control, ep, SECRET, settlesWithin, soon } from './resources-helpers.js';
+import { sleep, waitFor } from '../helpers/wait.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const apps: FastifyInstance[] = [];
-const dirs: string[] = [];
 
 afterAll(async () => {
   await Promise.all(apps.map((a) => a.close()));
-  await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
 });
 
 async function weather(options: Record<string, unknown> = {}, name = 'weather', checkpoint = true): Promise<FastifyInstance> {
@@ -38,11 +38,8 @@ async function counter(name = 'counter', options: Record<string, unknown> = {}):
   return app;
 }
 
-async function tempDir(): Promise<string> {
-  const d = await mkdtemp(join(tmpdir(), 'resources-test-'));
-  dirs.push(d);
-  return d;
-}
+/** Servers live as long as the file: so do their directories. */
+const checkpointDir = (): string => tempDir('resources-test', 'file');
 
 const nativeSeed = (sid: string, rollout: string, extra: Record<string, unknown> = {}) => ({
   resources_session_id: sid,
@@ -219,7 +216,7 @@ describe('admission while a checkpoint is open', () => {
     await a.post('/ng-rollout/r1/seed_session', nativeSeed('s1', 'r1'));
     // A slow verify in flight never blocks a restart-only server.
     const slow = a.post('/ng-rollout/r1/verify', { city: 'SF', response: { output: [] } }, { 'x-ng-checkpoint-close-follows': '1' });
-    await until(async () => (await status(app)).report.counts.inflight === 1);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 1);
     const prep = await control(app, 'prepare', { checkpoint_id: 'ck1', deadline_ts: soon() });
     expect(prep.body.phase).toBe('prepared');
     expect(prep.body.report.restarts).toEqual(['r1']);
@@ -268,7 +265,7 @@ describe('readiness', () => {
     const c = new Client(app);
     await c.post('/ng-rollout/r1/seed_session', nativeSeed('s1', 'r1'));
     const v = c.post('/ng-rollout/r1/verify', { city: 'SF', response: { output: [] } });
-    await until(async () => (await status(app)).report.counts.inflight === 1);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 1);
     const early = await control(app, 'prepare', { checkpoint_id: 'ck1', deadline_ts: soon(0.1) });
     expect(early.status).toBe(200);
     expect(early.body.phase).toBe('preparing');
@@ -296,9 +293,9 @@ describe('readiness', () => {
     const req = httpRequest({ host: '127.0.0.1', port, method: 'POST', path: '/ng-rollout/r1/verify', headers: { 'content-type': 'application/json' }, agent: false });
     req.on('error', () => undefined);
     req.end(JSON.stringify({ city: 'SF', response: { output: [] } }));
-    await until(async () => (await status(app)).report.counts.inflight === 1);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 1);
     req.destroy();
-    await until(async () => (await status(app)).report.counts.inflight === 0, 1000);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 0, 1000);
     // A normal keep-alive exchange over the socket releases its count too.
     const res = await fetch(`http://127.0.0.1:${port}/ng-rollout/r2/get_weather`, {
       method: 'POST',
@@ -307,7 +304,7 @@ describe('readiness', () => {
     });
     expect(res.status).toBe(200);
     await res.text();
-    await until(async () => (await status(app)).report.counts.inflight === 0, 1000);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 0, 1000);
   });
 });
 
@@ -332,7 +329,7 @@ describe('counter export and restore', () => {
   }
 
   it('the replacement continues from the restored count (reward 1.0); without restore it cannot (0.0)', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     const original = await runToCheckpoint(dir);
 
     // "Crash": a fresh process of the same instance, restored from the checkpoint.
@@ -359,7 +356,7 @@ describe('counter export and restore', () => {
   });
 
   it('the restore marks the crashed attempt: its stragglers get stale_attempt', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     const original = await runToCheckpoint(dir);
     const fresh = await counter('counter');
     await control(fresh, 'restore', { checkpoint_id: 'ck-restore', deadline_ts: soon(), checkpoint_dir: dir, episode_ids: [ep('r1')] });
@@ -372,13 +369,13 @@ describe('counter export and restore', () => {
   });
 
   it('a restored session the next commit scope leaves out is freed (unscoped restored cleanup)', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     await runToCheckpoint(dir);
     const fresh = await counter('counter');
     await control(fresh, 'restore', { checkpoint_id: 'ck-restore', deadline_ts: soon(), checkpoint_dir: dir, episode_ids: [ep('r1')] });
     await control(fresh, 'resume', { checkpoint_id: 'ck-restore', deadline_ts: soon() });
     expect((await status(fresh)).report.counts.sessions).toBe(1);
-    const dir2 = await tempDir();
+    const dir2 = checkpointDir();
     await control(fresh, 'prepare', { checkpoint_id: 'ck2', deadline_ts: soon() });
     const commit = await control(fresh, 'commit', { checkpoint_id: 'ck2', deadline_ts: soon(), checkpoint_dir: dir2, episode_ids: [] });
     expect(commit.body.episode_ids).toEqual([]);
@@ -387,19 +384,19 @@ describe('counter export and restore', () => {
   });
 
   it('a restored unclaimed session is exported again under its replacement attempt', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     await runToCheckpoint(dir);
     const fresh = await counter('counter');
     await control(fresh, 'restore', { checkpoint_id: 'ck-restore', deadline_ts: soon(), checkpoint_dir: dir, episode_ids: [ep('r1')] });
     await control(fresh, 'resume', { checkpoint_id: 'ck-restore', deadline_ts: soon() });
     await control(fresh, 'prepare', { checkpoint_id: 'ck2', deadline_ts: soon() });
-    const commit = await control(fresh, 'commit', { checkpoint_id: 'ck2', deadline_ts: soon(), checkpoint_dir: await tempDir(), episode_ids: [ep('r1', 1)] });
+    const commit = await control(fresh, 'commit', { checkpoint_id: 'ck2', deadline_ts: soon(), checkpoint_dir: checkpointDir(), episode_ids: [ep('r1', 1)] });
     expect(commit.body.episode_ids).toEqual(['r1-a1']);
     await control(fresh, 'resume', { checkpoint_id: 'ck2', deadline_ts: soon() });
   });
 
   it('refuses records on a non-exported server and invalid states (nothing installed)', async () => {
-    const dir = await tempDir();
+    const dir = checkpointDir();
     await runToCheckpoint(dir);
     // The same instance name declared stateless cannot take the counter's records.
     const stateless = await counter('counter', { checkpoint_mode: 'stateless' });
@@ -440,7 +437,7 @@ describe('retire and forget', () => {
     const c = new Client(app);
     await c.post('/ng-rollout/r1/seed_session', nativeSeed('s1', 'r1'));
     const v = c.post('/ng-rollout/r1/verify', { city: 'SF', response: { output: [] } }, { 'x-ng-checkpoint-close-follows': '1' });
-    await until(async () => (await status(app)).report.counts.inflight === 1);
+    await waitFor(async () => (await status(app)).report.counts.inflight === 1);
     const retire = await control(app, 'retire', { checkpoint_id: 'retire', deadline_ts: soon(0.1), episode_ids: [ep('r1')] });
     expect(retire.status).toBe(409);
     expect(retire.body.error.code).toBe('deadline_exceeded');

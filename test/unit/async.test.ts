@@ -2,6 +2,7 @@
 // waiter in arrival order (no newcomer slips in), and a failing task frees its slot.
 import { describe, expect, it } from 'vitest';
 import { AdmissionGate, Mutex, Slots, abortedSignal, pause, untilAborted } from '../../servers/common/async.js';
+import { sleep } from '../helpers/wait.js';
 
 describe('Slots', () => {
   it('runs at most `limit` tasks at once, in arrival order, and a failure frees its slot', async () => {
@@ -12,14 +13,14 @@ describe('Slots', () => {
     const task = (i: number) => async (): Promise<number> => {
       started.push(i);
       peak = Math.max(peak, ++running);
-      await new Promise((r) => setTimeout(r, 2));
+      await sleep(2);
       running--;
       if (i === 3) throw new Error('write failed');
       return i;
     };
     const first = Array.from({ length: 6 }, (_, i) => slots.run(task(i)));
     // Newcomers arriving while slots are being handed over still queue behind the waiters.
-    await new Promise((r) => setTimeout(r, 3));
+    await sleep(3);
     const later = [6, 7].map((i) => slots.run(task(i)));
     const results = await Promise.allSettled([...first, ...later]);
     expect(peak).toBe(2);
@@ -36,7 +37,7 @@ describe('Mutex', () => {
     const hold = (name: string, fail = false) =>
       m.run(async () => {
         order.push(`${name}+`);
-        await new Promise((r) => setTimeout(r, 2));
+        await sleep(2);
         order.push(`${name}-`);
         if (fail) throw new Error(name);
       });

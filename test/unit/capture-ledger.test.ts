@@ -19,16 +19,8 @@ import {
   writeStagedTokens,
   type StagedTokens,
 } from '../../servers/model/token-store.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
-const dirs: string[] = [];
-afterAll(() => {
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
-function tempDir(): string {
-  const d = mkdtempSync(join(tmpdir(), 'capture-ledger-'));
-  dirs.push(d);
-  return d;
-}
 
 const row = (id: string, key: string, extra: Partial<LedgerRow> = {}): LedgerRow => ({ model_call_id: id, staging_key: stagingKeyOf(key, id), parent_call_id: null, ...extra });
 
@@ -55,7 +47,7 @@ const fileRows = (dir: string, key: string): unknown[] =>
 
 describe('token store', () => {
   it('maps staging keys to files and reads back what was written', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     expect(parseStagingKey('wx-17/mc_1')).toEqual({ captureKey: 'wx-17', modelCallId: 'mc_1' });
     expect(parseStagingKey('__generation_cut__/wx-17/mc_1')).toBeUndefined();
     expect(parseStagingKey('../x')).toBeUndefined();
@@ -76,7 +68,7 @@ describe('token store', () => {
 
 describe('capture ledger', () => {
   it('appends JSON lines per capture key and keeps them in memory', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     const ledger = await CaptureLedger.open(dir);
     await ledger.append('r1', row('c1', 'r1'));
     await Promise.all([ledger.append('r1', row('c2', 'r1', { parent_call_id: 'c1' })), ledger.append('r2', row('d1', 'r2'))]);
@@ -90,7 +82,7 @@ describe('capture ledger', () => {
   });
 
   it('the first row of a key replaces a file a dead execution left; open indexes leftovers', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     mkdirSync(join(dir, 'ledger'), { recursive: true });
     writeFileSync(ledgerPath(dir, 'r1'), `${JSON.stringify(row('dead', 'r1'))}\n`);
     writeFileSync(ledgerPath(dir, 'r9-a2'), `${JSON.stringify(row('dead', 'r9-a2'))}\n`);
@@ -103,7 +95,7 @@ describe('capture ledger', () => {
   });
 
   it('replace imports rows; deleteAttempts drops ledgers and tokens of a range but keeps tokens restored rows name', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     // A dead execution of attempt 0 staged c1 (checkpointed) and c2 (after the checkpoint).
     mkdirSync(join(dir, 'ledger'), { recursive: true });
     writeFileSync(ledgerPath(dir, 'r'), `${JSON.stringify(row('c1', 'r'))}\n${JSON.stringify(row('c2', 'r'))}\n`);
@@ -135,7 +127,7 @@ describe('capture ledger', () => {
   });
 
   it('deleteLedger leaves the token store alone', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     const ledger = await CaptureLedger.open(dir);
     await writeStagedTokens(dir, staged('q', 'c1'));
     ledger.noteTokens('q');
@@ -146,7 +138,7 @@ describe('capture ledger', () => {
   });
 
   it('importEpisodes: rows live at once, journaled, files written in the background ahead of appends; a crash journal is replayed', async () => {
-    const dir = tempDir();
+    const dir = tempDir('capture-ledger');
     mkdirSync(join(dir, 'ledger'), { recursive: true });
     // Left by dead executions: attempt 0 (checkpointed) and an earlier replacement r-a1.
     writeFileSync(ledgerPath(dir, 'r'), `${JSON.stringify(row('c1', 'r'))}\n`);
@@ -191,7 +183,7 @@ describe('descriptors under a burst of calls', () => {
   // process ran out (`EMFILE`) and withheld the replies it could not record.
   const fdDir = '/proc/self/fd';
   it.skipIf(!existsSync(fdDir))('keeps the open descriptors bounded while 3,000 rows and token files are written at once', async () => {
-    const ledger = await CaptureLedger.open(tempDir());
+    const ledger = await CaptureLedger.open(tempDir('capture-ledger'));
     const baseline = readdirSync(fdDir).length;
     let peak = baseline;
     const sampler = setInterval(() => (peak = Math.max(peak, readdirSync(fdDir).length)), 1);

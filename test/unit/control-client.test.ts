@@ -12,6 +12,7 @@ import {
   encodeBody,
   joinUrl,
 } from '../../activities/control-client.js';
+import { sleep } from '../helpers/wait.js';
 
 const apps: FastifyInstance[] = [];
 const rawServers: net.Server[] = [];
@@ -103,7 +104,7 @@ describe('controlCall', () => {
       app.get('/slow', async () => {
         active++;
         peak = Math.max(peak, active);
-        await new Promise((r) => setTimeout(r, 50));
+        await sleep(50);
         active--;
         return {};
       });

@@ -18,6 +18,7 @@ import { taskAt } from '../../activities/dataset.js';
 import { GYM_COMMIT_FILE, type CheckpointOutcome, type GymCommitFile, type GymTopology, type RolloutReport, type RunEpisodeInput, type SnapshotManifestSlim } from '../../protocol/controller.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const TOKEN = 'activities-test-token';
 const acts = createActivities({ controlToken: TOKEN, log: () => {} });
@@ -26,8 +27,8 @@ let tmp: string;
 const apps: FastifyInstance[] = [];
 const httpServers: http.Server[] = [];
 
-beforeEach(async () => {
-  tmp = await fsp.mkdtemp(path.join(tmpdir(), 'controller-activities-'));
+beforeEach(() => {
+  tmp = tempDir('controller-activities');
 });
 afterEach(async () => {
   await Promise.all(apps.splice(0).map((a) => a.close()));
@@ -40,7 +41,6 @@ afterEach(async () => {
         }),
     ),
   );
-  await fsp.rm(tmp, { recursive: true, force: true });
 });
 afterAll(async () => {
   await closeActivityPools();

@@ -1,8 +1,8 @@
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { describe, expect, it } from 'vitest';
 import { heartbeating } from '../../activities/activity-context.js';
+import { sleep } from '../helpers/wait.js';
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe('heartbeating', () => {
   it('sends nothing for a call that ends within one interval', async () => {

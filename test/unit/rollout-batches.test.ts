@@ -13,6 +13,7 @@ import { captureDirsOf, collectBatch, readRolloutBatches, ROLLOUT_BATCHES_FILE, 
 import { createTrainerActivities } from '../../activities/trainer.js';
 import { RunConfigSchema } from '../../protocol/run-config.js';
 import { ledgerPath, stagingKeyOf, writeStagedTokens, TOKEN_STORE_FORMAT } from '../../servers/model/token-store.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 let tmp: string;
 let gymRunDir: string;
@@ -20,13 +21,12 @@ let checkpointDir: string;
 let captureDir: string;
 
 beforeEach(() => {
-  tmp = mkdtempSync(join(tmpdir(), 'rollout-batches-'));
+  tmp = tempDir('rollout-batches');
   gymRunDir = join(tmp, 'gym');
   checkpointDir = join(tmp, 'ckpt');
   captureDir = join(gymRunDir, 'capture', 'policy_model');
   writeFileSync(join(tmp, 'placeholder'), '');
 });
-afterEach(() => rmSync(tmp, { recursive: true, force: true }));
 
 async function deployment(extra = ''): Promise<void> {
   await mkdir(gymRunDir, { recursive: true });

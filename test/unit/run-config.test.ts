@@ -6,9 +6,9 @@ import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { loadRunConfig } from '../../scripts/run.js';
 import { ConfigError } from '../../servers/common/config-error.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
-const dir = mkdtempSync(path.join(tmpdir(), 'run-config-'));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const dir = tempDir('run-config', 'file');
 
 const example = path.join(import.meta.dirname, '..', '..', 'examples', 'run.yaml');
 

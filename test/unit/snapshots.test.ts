@@ -21,14 +21,12 @@ import { topologyFingerprint } from '../../activities/gym.js';
 import { GYM_COMMIT_FILE, commitSummaries, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
 import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage/index.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 let dir: string;
 
-beforeEach(async () => {
-  dir = await fsp.mkdtemp(path.join(tmpdir(), 'snapshots-test-'));
-});
-afterEach(async () => {
-  await fsp.rm(dir, { recursive: true, force: true });
+beforeEach(() => {
+  dir = tempDir('snapshots-test');
 });
 
 const FINGERPRINT = topologyFingerprint([

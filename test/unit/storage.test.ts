@@ -8,6 +8,7 @@ import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, type CheckpointRecord } from '../../protocol/manifest.js';
 import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords } from '../../servers/control/storage/index.js';
+import { sleep } from '../helpers/wait.js';
 
 const KIND = 'environment';
 const INSTANCE = 'env_main';
@@ -208,11 +209,11 @@ describe('writeRecords / readRecords', () => {
       yield sampleRecords()[1]!;
     }
     const w = startRecordsWrite({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, checkpointId: 'ckpt-1', records: gen() });
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
     await w.stop();
     release();
     expect(await refusal(w.done)).toMatch(/resumed before its write finished/);
-    await new Promise((r) => setTimeout(r, 20));
+    await sleep(20);
     expect(existsSync(path.join(dirOf(), MANIFEST_FILE))).toBe(false);
     expect(readdirSync(dirOf())).toEqual([]);
   });
@@ -221,7 +222,7 @@ describe('writeRecords / readRecords', () => {
     for (let i = 0; i < 10; i++) {
       const dir = path.join(root, `race${i}`);
       const w = startRecordsWrite({ checkpointDir: dir, kind: KIND, instance: INSTANCE, checkpointId: 'c', records: sampleRecords() });
-      await new Promise((r) => setTimeout(r, i));
+      await sleep(i);
       await w.stop();
       const published = existsSync(path.join(dirOf(dir), MANIFEST_FILE));
       const outcome = await w.done.then(
@@ -229,7 +230,7 @@ describe('writeRecords / readRecords', () => {
         (e: ProtocolError) => e.code,
       );
       expect(outcome).toBe(published ? 'published' : 'invalid_checkpoint_state');
-      await new Promise((r) => setTimeout(r, 5));
+      await sleep(5);
       expect(existsSync(path.join(dirOf(dir), MANIFEST_FILE))).toBe(published);
       expect(tempFiles(dirOf(dir))).toEqual([]);
     }

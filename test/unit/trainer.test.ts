@@ -33,6 +33,7 @@ import { buildInferenceApp } from '../../servers/inference/app.js';
 import { genrmAnswerOf } from '../../servers/inference/answers.js';
 import { DEFAULT_MAX_STEPS, expectedReward, genrmScore } from '../../servers/inference/evaluate.js';
 import { COUNTER_TOOL, WEATHER_TOOL, initialWeights, type PolicyWeights } from '../../servers/inference/policy.js';
+import { tempDir } from '../helpers/temp-dir.js';
 
 const RUN = 'run1';
 const FINGERPRINT = 'a'.repeat(64);
@@ -46,7 +47,7 @@ let logs: { message: string; fields: Record<string, unknown> }[];
 let acts: ReturnType<typeof createTrainerActivities>;
 
 beforeEach(async () => {
-  tmp = await fsp.mkdtemp(path.join(tmpdir(), 'trainer-'));
+  tmp = tempDir('trainer');
   ckpt = path.join(tmp, 'ckpt');
   ({ app } = await buildInferenceApp({ name: 'llm', logLevel: 'silent' }));
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -57,7 +58,6 @@ beforeEach(async () => {
 });
 afterEach(async () => {
   await app.close();
-  await fsp.rm(tmp, { recursive: true, force: true });
 });
 
 function mockEnv(): MockActivityEnvironment {

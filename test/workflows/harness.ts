@@ -10,6 +10,7 @@ import { DefaultLogger, Runtime, Worker, bundleWorkflowCode, type WorkflowBundle
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
 import { bundleWorkflows } from '../../worker.js';
 import type { FakeGym } from './fake-gym.js';
+import { sleep, waitFor } from '../helpers/wait.js';
 
 export const HISTORIES_DIR = fileURLToPath(new URL('./histories/', import.meta.url));
 
@@ -83,16 +84,12 @@ export async function terminateOpen(env: TestWorkflowEnvironment, run: string): 
   return open;
 }
 
-/** Polls `pred` every 25 ms (real time) until it holds. */
-export async function until(pred: () => boolean | Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await pred())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await delay(25);
-  }
+/** Polls `pred` (real time) until it holds (test/helpers/wait.ts; this argument order for the workflow tests). */
+export function until(pred: () => boolean | Promise<boolean>, what: string, timeoutMs = 15_000): Promise<unknown> {
+  return waitFor(what, pred, { timeoutMs, intervalMs: 25 });
 }
 
-export const delay = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+export { sleep as delay };
 
 export interface RecordedWorkflow {
   workflowId: string;

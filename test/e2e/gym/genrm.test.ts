@@ -19,13 +19,12 @@ import {
   replyOf,
   restart,
   rewardOf,
-  sleep,
   startRun,
   status,
   tearDown,
-  waitFor,
   type Gym,
 } from './harness.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 const ENV = 'genrm_env';
 const SIZE = 4;

@@ -30,6 +30,7 @@ import type { Endpoints } from '../../../servers/common/deployment.js';
 import { decide, initialWeights } from '../../../servers/inference/policy.js';
 import { downDeployment, killDeployment, restartDeployment, upDeployment } from '../../../servers/launcher/launcher.js';
 import type { CallRecord } from '../../../servers/inference/call-log.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 export const TOKEN = 'gym-e2e-token';
 // Every deferred-restore file goes through the records workers (the counter's are tiny), so the
@@ -39,24 +40,7 @@ const DEPLOYMENTS = fileURLToPath(new URL('./deployments/', import.meta.url));
 
 // --- waiting ---------------------------------------------------------------------------------
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-/** Polls `cond` until it returns a truthy value; fails naming `what` after `timeoutMs`. */
-export async function waitFor<T>(what: string, cond: () => T | Promise<T>, opts: { timeoutMs?: number; intervalMs?: number } = {}): Promise<NonNullable<T>> {
-  const until = Date.now() + (opts.timeoutMs ?? 20_000);
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await cond();
-      if (v) return v as NonNullable<T>;
-      last = v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`);
-    await sleep(opts.intervalMs ?? 25);
-  }
-}
 
 /** Epoch seconds `s` from now (control-plane deadlines). */
 export const deadline = (s = 20): number => Date.now() / 1000 + s;

@@ -26,10 +26,10 @@ import {
   startRun,
   status,
   tearDown,
-  waitFor,
   weatherSolved,
   type Gym,
 } from './harness.js';
+import { waitFor } from '../../helpers/wait.js';
 
 const SAVED_ENV = 'weather_env';
 const RESTART_ENV = 'restart_env';

@@ -30,15 +30,14 @@ import {
   resumeAll,
   rewardOf,
   runEpisode,
-  sleep,
   startRun,
   status,
   tearDown,
-  waitFor,
   weatherSolved,
   type Gym,
   type RunHandle,
 } from './harness.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 /** `verify_delay_ms` of both weather servers in deployments/slow-verify.yaml. */
 const VERIFY_MS = 3000;

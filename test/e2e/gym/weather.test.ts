@@ -28,15 +28,14 @@ import {
   resumeAll,
   rewardOf,
   runEpisode,
-  sleep,
   startRun,
   status,
   statuses,
   tearDown,
-  waitFor,
   weatherSolved,
   type Gym,
 } from './harness.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 const ENV = 'weather_env';
 let gym: Gym | undefined;

@@ -31,10 +31,10 @@ import {
   status,
   tearDown,
   TOKEN,
-  waitFor,
   type Gym,
 } from '../gym/harness.js';
 import { LLAMA_BUILD_WAIT_MS, LLAMA_MODEL_ALIAS, llamaDeploymentYaml, RecordingProxy, startLlama, userTextOf, type LlamaServer, type RecordedCall } from './harness.js';
+import { waitFor } from '../../helpers/wait.js';
 
 const KEY_ENV = 'LLAMA_E2E_API_KEY';
 const KEY = 'llama-e2e-key-5c1f9b';

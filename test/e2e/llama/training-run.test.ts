@@ -18,6 +18,7 @@ import { downDeployment, killDeployment, restartDeployment, upDeployment } from 
 import { spawnGroup, waitForLine, type GroupProcess } from '../../../servers/launcher/process-group.js';
 import { checkpointNow, runStatus } from '../../../workflows/messages.js';
 import { LLAMA_BUILD_WAIT_MS, llamaDeploymentYaml, RecordingProxy, startLlama, type LlamaServer } from './harness.js';
+import { waitFor } from '../../helpers/wait.js';
 
 const TOKEN = 'llama-run-e2e-token';
 const KEY_ENV = 'LLAMA_RUN_E2E_API_KEY';
@@ -66,13 +67,6 @@ afterAll(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-async function until(what: string, pred: () => Promise<boolean> | boolean, timeoutMs = 120_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await pred())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe('trainer none over llama.cpp', () => {
   it('a run collects every step’s batch through a Gym crash, with no inference server to refit', { timeout: 600_000 }, async () => {
@@ -87,11 +81,11 @@ describe('trainer none over llama.cpp', () => {
     const client = new Client({ connection: connection! });
     const t0 = Date.now();
     const handle = await startRun(client, cfg);
-    await until('step 1', async () => (await handle.query(runStatus)).steps >= 1);
+    await waitFor('step 1', async () => (await handle.query(runStatus)).steps >= 1);
 
     // Park the episodes in flight: their next model call waits at the proxy; checkpoint them.
     proxy!.holdTurn(0);
-    await until('two calls held', () => proxy!.held().length >= 2);
+    await waitFor('two calls held', () => proxy!.held().length >= 2);
     const outcome = await handle.executeUpdate(checkpointNow);
     expect(outcome).toMatchObject({ outcome: 'completed' });
     expect(outcome.scope?.length ?? 0).toBeGreaterThanOrEqual(2);

@@ -27,29 +27,14 @@ import { downDeployment, killDeployment, restartDeployment, upDeployment } from 
 import { ledgerPath } from '../../../servers/model/capture-ledger.js';
 import { tokensDir } from '../../../servers/model/token-store.js';
 import type { CallRecord } from '../../../servers/inference/call-log.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 export const TOKEN = 'model-e2e-token';
 const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 export const deadline = (s = 20): number => Date.now() / 1000 + s;
 export const episode = (rollout_id: string, attempt = 0): EpisodeId => ({ rollout_id, attempt });
 
-export async function waitFor<T>(what: string, cond: () => T | Promise<T>, timeoutMs = 20_000): Promise<NonNullable<T>> {
-  const until = Date.now() + timeoutMs;
-  let last: unknown;
-  for (;;) {
-    try {
-      const v = await cond();
-      if (v) return v as NonNullable<T>;
-      last = v;
-    } catch (err) {
-      last = err;
-    }
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what} (last: ${last instanceof Error ? last.message : JSON.stringify(last)})`);
-    await sleep(25);
-  }
-}
 
 // --- HTTP ----------------------------------------------------------------------------------------
 

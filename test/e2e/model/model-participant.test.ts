@@ -24,12 +24,11 @@ import {
   restartAndRestore,
   resumeAll,
   rewardOf,
-  sleep,
   startRun,
   tearDown,
-  waitFor,
   type Gym,
 } from './harness.js';
+import { sleep, waitFor } from '../../helpers/wait.js';
 
 let gym: Gym | undefined;
 afterEach(async () => {
