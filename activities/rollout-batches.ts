@@ -214,10 +214,12 @@ export async function collectBatch(raw: CollectBatchInput): Promise<CollectedBat
 }
 
 /** Reads the file back (tests, tools): every line, parsed. */
+// biome-ignore lint/suspicious/noExplicitAny: loose JSON for tests and tools, which pick the fields they check.
 export async function readRolloutBatches(checkpointDir: string): Promise<Array<Record<string, any>>> {
   const text = await fsp.readFile(path.join(checkpointDir, ROLLOUT_BATCHES_FILE), 'utf8');
   return text
     .split('\n')
     .filter((l) => l.length > 0)
+    // biome-ignore lint/suspicious/noExplicitAny: as above.
     .map((l) => JSON.parse(l) as Record<string, any>);
 }

@@ -271,7 +271,7 @@ function jsonEqual(a: unknown, b: unknown): boolean {
   const eb = b instanceof Map ? Object.fromEntries(b) : (b as Record<string, unknown>);
   const ka = Object.keys(ea);
   if (ka.length !== Object.keys(eb).length) return false;
-  return ka.every((k) => Object.prototype.hasOwnProperty.call(eb, k) && jsonEqual(ea[k], eb[k]));
+  return ka.every((k) => Object.hasOwn(eb, k) && jsonEqual(ea[k], eb[k]));
 }
 
 async function readSnapshotManifest(dir: string, bad: (what: string) => ApplicationFailure): Promise<SnapshotManifest> {

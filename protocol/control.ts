@@ -5,7 +5,7 @@ import { z } from 'zod';
 import {
   CaptureKeySchema,
   CheckpointIdSchema,
-  KindSchema,
+  type KindSchema,
   episodeIdList,
   captureKey,
   type CaptureKey,

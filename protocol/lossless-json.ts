@@ -149,7 +149,7 @@ function isNumberText(s: string): boolean {
 
 /** How the writer prints a JS number. */
 function renderNumber(n: number): string {
-  if (n !== n) return 'NaN';
+  if (Number.isNaN(n)) return 'NaN';
   if (n === Infinity) return 'Infinity';
   if (n === -Infinity) return '-Infinity';
   if (n === 0 && 1 / n < 0) return '-0';

@@ -3,6 +3,7 @@ import { ConfigError } from './common/config-error.js';
 import type { ServerEntry } from './common/deployment.js';
 import type { ServerModule } from './common/server-context.js';
 
+// biome-ignore lint/suspicious/noExplicitAny: each module has its own options type; the registry only hands them out.
 type Loader = () => Promise<{ default: ServerModule<any> }>;
 
 const DEFAULT_TYPE: Record<ServerEntry['kind'], string> = {
@@ -27,6 +28,7 @@ export function serverTypeOf(entry: ServerEntry): string {
   return entry.type ?? DEFAULT_TYPE[entry.kind];
 }
 
+// biome-ignore lint/suspicious/noExplicitAny: as above.
 export async function loadServerModule(name: string, entry: ServerEntry): Promise<ServerModule<any>> {
   const type = serverTypeOf(entry);
   const load = MODULES[`${entry.kind}:${type}`];

@@ -47,7 +47,7 @@ export class AgentCore {
 
   /** Restarts carried by the current prepare: this agent neither parks nor exports their sessions. */
   isCarriedRestart(s: AgentSession): boolean {
-    return s.episode !== null && this.plane !== undefined && this.plane.carriedRestarts.has(captureKey(s.episode));
+    return s.episode !== null && (this.plane?.carriedRestarts.has(captureKey(s.episode)) ?? false);
   }
 
   /**

@@ -9,7 +9,7 @@ import { parseRecord, restoredSession, sessionRecord } from './records.js';
 import { retireEpisodes } from './retire.js';
 import { sessionCaptureKey, type AgentSession } from './sessions.js';
 
-function blocks(core: AgentCore, s: AgentSession, carried: ReadonlySet<CaptureKey>): boolean {
+function blocks(s: AgentSession, carried: ReadonlySet<CaptureKey>): boolean {
   if (s.retiring || s.closing) return true;
   if (s.state !== 'running') return false;
   const key = sessionCaptureKey(s);
@@ -35,7 +35,7 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
     },
     ready(carried) {
       // Seeds register without awaiting, so none is ever in progress here.
-      for (const s of core.sessions.values()) if (blocks(core, s, carried)) return false;
+      for (const s of core.sessions.values()) if (blocks(s, carried)) return false;
       return true;
     },
     report(carried) {
@@ -43,7 +43,7 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
       let atBoundary = 0;
       for (const s of core.sessions.values()) {
         if (s.state === 'at_boundary') atBoundary += 1;
-        if (blocks(core, s, carried)) blockers.push(sessionCaptureKey(s) ?? `session:${s.key}`);
+        if (blocks(s, carried)) blockers.push(sessionCaptureKey(s) ?? `session:${s.key}`);
       }
       return { blockers, counts: { sessions: core.sessions.size, at_boundary: atBoundary }, restarts: core.inflight.keys() };
     },

@@ -2,7 +2,6 @@
 // starts by recording one, naming itself as `next` with what it needs. Restored records are
 // validated with these before install, so a replacement never starts from a malformed boundary.
 import { z } from 'zod';
-import { LosslessNumber, OrderedObject } from '../../protocol/lossless-json.js';
 import { RunResultSchema } from '../../protocol/tasks.js';
 import { SessionHandlesSchema } from './handles.js';
 

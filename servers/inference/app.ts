@@ -3,7 +3,7 @@
 // the `/_ctl/*` test controls of participants.md §6.1 (holds, call log, call count, cut rounds) and
 // the policy weights the trainer refits.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { z } from 'zod';
+import type { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
 import { ChatCompletionRequestSchema } from '../../protocol/openai.js';
 import { createGymApp, rolloutOf } from '../common/app.js';

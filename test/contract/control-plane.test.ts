@@ -1,10 +1,9 @@
 // Contract tests of the shared control plane through its HTTP routes (Fastify inject), with the
 // in-memory test participant behind the hooks.
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { afterAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';

@@ -1,7 +1,4 @@
-// examples/gym.yaml (every server kind, every example resources server) comes up healthy and
-// goes down without leaving a process behind.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';

@@ -1,8 +1,7 @@
 // The `gym` CLI: `up` returns while the servers keep running (they are detached and outlive it);
 // `status` and `down` work from a later, separate invocation.
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';

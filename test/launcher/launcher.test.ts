@@ -1,7 +1,6 @@
 // The launcher with real processes: a small deployment (inference backend, policy model, one
 // resources server) brought up, crashed with SIGKILL, restarted on the same ports, stopped.
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -70,7 +69,10 @@ async function chat(modelUrl: string, key: string): Promise<{ status: number; bo
 
 const refused = async (url: string): Promise<boolean> =>
   request(`${url}/healthz`).then(
-    async (r) => (await r.body.dump(), false),
+    async (r) => {
+      await r.body.dump();
+      return false;
+    },
     () => true,
   );
 

@@ -1,7 +1,6 @@
 // The agent server over real sockets on 127.0.0.1, with a fake policy model server and a fake
 // tool (resources) server as test doubles of the other side. Checkpointing on.
-import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, readdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';

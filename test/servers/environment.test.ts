@@ -1,9 +1,4 @@
-// The environment server (`single_agent_turn`) over HTTP against tiny fake agent and resources
-// servers on 127.0.0.1: the stage protocol, boundaries exported while parked, restore into a fresh
-// process, admission, restarts, retire, the task digest, and our idempotent `/run` extension.
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';

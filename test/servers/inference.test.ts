@@ -1,8 +1,7 @@
 // The tiny-policy backend over HTTP: OpenAI-shaped plain and SSE replies, the call log, holds,
 // policy refits, typed 400s, abandoned held calls (real sockets on 127.0.0.1).
 import http from 'node:http';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';

@@ -1,9 +1,5 @@
-// Shared by the policy model participant tests: the real tiny-policy backend and policy model
-// servers in this process on 127.0.0.1 (port 0), deterministic policy weights, control calls.
-import { mkdtempSync, rmSync } from 'node:fs';
+
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
 import { CONTROL_PREFIX } from '../../protocol/control.js';

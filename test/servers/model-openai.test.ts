@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError, parseConfig } from '../../servers/common/config-error.js';
+import { type ConfigError, parseConfig } from '../../servers/common/config-error.js';
 import { closeDataAgent } from '../../servers/common/http-client.js';
 import { downDeployment, upDeployment } from '../../servers/launcher/launcher.js';
 import { buildPolicyModel, PolicyModelOptionsSchema } from '../../servers/model/module.js';

@@ -1,9 +1,6 @@
 // The resources base (participants.md §4.2–4.6) through the weather and counter servers, with
 // checkpointing on and the control routes driven over inject (and one real socket).
 import { request as httpRequest } from 'node:http';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, describe, expect, it } from 'vitest';

@@ -1,10 +1,9 @@
 // The capture ledger's files and index (servers/model/capture-ledger.ts) and the token store
 // (servers/model/token-store.ts): append-only rows per capture key, import, deletes by attempt
 // range that keep the staged tokens a restored row still names, and what a dead execution left.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { readdirSync } from 'node:fs';
 import { CaptureLedger, JOURNAL_SUFFIX, ledgerPath, type LedgerRow } from '../../servers/model/capture-ledger.js';
 import {

@@ -4,7 +4,6 @@
 import http from 'node:http';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ApplicationFailure, CancelledFailure } from '@temporalio/common';
 import { MockActivityEnvironment } from '@temporalio/testing';

@@ -76,16 +76,16 @@ describe('policyGradient', () => {
   function objective(l: Table): number {
     let j = 0;
     let n = 0;
-    groups.forEach((g, gi) =>
-      g.siblings.forEach((s, si) => {
-        if (s.mask) return;
+    for (const [gi, g] of groups.entries()) {
+      for (const [si, s] of g.siblings.entries()) {
+        if (s.mask) continue;
         for (const c of s.calls) {
           const { actions, logprobs } = distributionOf({ version: 0, logits: l }, c.situation);
           j += advantages[gi]![si]! * logprobs[actions.indexOf(c.action)]!;
           n += 1;
         }
-      }),
-    );
+      }
+    }
     return j / n;
   }
 

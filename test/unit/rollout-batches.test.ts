@@ -3,12 +3,11 @@
 // last attempt's ledger, which holds what a restore imported), as text or tokens; a retried step
 // and a step collected again after a takeover replace what was there from that step on; a torn
 // last line is cut. Also the run config's `trainer:` choice.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { appendFile, mkdir, readFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { beforeEach, describe, expect, it } from 'vitest';
 import { captureDirsOf, collectBatch, readRolloutBatches, ROLLOUT_BATCHES_FILE, type CollectBatchInput } from '../../activities/rollout-batches.js';
 import { createTrainerActivities } from '../../activities/trainer.js';
 import { RunConfigSchema } from '../../protocol/run-config.js';

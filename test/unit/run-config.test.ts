@@ -1,9 +1,8 @@
 // The run config file as `npm run run -- start` reads it: examples/run.yaml parses, and a bad
 // value of the controller section is a config error naming its key.
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadRunConfig } from '../../scripts/run.js';
 import { ConfigError } from '../../servers/common/config-error.js';
 import { tempDir } from '../helpers/temp-dir.js';

@@ -1,10 +1,9 @@
 // The snapshot bundle activities (docs/controller.md "The snapshot bundle") on a real temp dir:
 // allocation, atomic idempotent publication, retention, validation and restore selection.
 import { existsSync, promises as fsp } from 'node:fs';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { beforeEach, describe, expect, it } from 'vitest';
 import {
   allocateSnapshot,
   applyRetention,

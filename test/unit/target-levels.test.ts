@@ -108,7 +108,7 @@ describe('target levels: per-environment lowering (rule 2) and the turn requirem
     expect(r.warnings).toHaveLength(2);
     expect(r.warnings[0]).toMatch(/^environment a_env/);
     expect(r.warnings[1]).toMatch(/^environment c_env/);
-    expect(r.levels['b_env']).toMatchObject({ restore_level: 'turn', lowered: false });
+    expect(r.levels.b_env).toMatchObject({ restore_level: 'turn', lowered: false });
   });
 });
 
@@ -223,8 +223,8 @@ describe('target levels: overrides (rule 6)', () => {
 
   it('a coarser agent override applies to that agent only', () => {
     const r = resolveLevels(input('turn', envs(), { agentOverrides: { weather_env_agent: 'prompt_group' } }));
-    expect(r.levels['weather_env']).toMatchObject({ recovery_granularity: 'prompt_group', restore_level: 'prompt_group', decided_by: 'agent_override', lowered: false });
-    expect(r.levels['counter_env']).toMatchObject({ recovery_granularity: 'sibling', restore_level: 'turn', decided_by: 'target' });
+    expect(r.levels.weather_env).toMatchObject({ recovery_granularity: 'prompt_group', restore_level: 'prompt_group', decided_by: 'agent_override', lowered: false });
+    expect(r.levels.counter_env).toMatchObject({ recovery_granularity: 'sibling', restore_level: 'turn', decided_by: 'target' });
     expect(r.warnings).toEqual([]);
   });
 
@@ -236,24 +236,24 @@ describe('target levels: overrides (rule 6)', () => {
     const r = resolveLevels(
       input('turn', envs(), { taskSourceOverrides: { weather: 'sibling' }, taskSourceEnvironments: { counter: 'counter_env', weather: 'weather_env' } }),
     );
-    expect(r.levels['weather_env']).toMatchObject({ restore_level: 'sibling', decided_by: 'task_source_override' });
-    expect(r.levels['counter_env']).toMatchObject({ restore_level: 'turn', decided_by: 'target' });
+    expect(r.levels.weather_env).toMatchObject({ restore_level: 'sibling', decided_by: 'task_source_override' });
+    expect(r.levels.counter_env).toMatchObject({ restore_level: 'turn', decided_by: 'target' });
   });
 
   it('resolution order: agent override, then task-source override, then the target', () => {
     const base = { taskSourceEnvironments: { weather: 'weather_env' }, taskSourceOverrides: { weather: 'sibling' as TargetLevel } };
     // Agent override wins over the task-source override (even when it is coarser or finer than it).
-    expect(resolveLevels(input('turn', envs(), { ...base, agentOverrides: { weather_env_agent: 'prompt_group' } })).levels['weather_env']).toMatchObject({
+    expect(resolveLevels(input('turn', envs(), { ...base, agentOverrides: { weather_env_agent: 'prompt_group' } })).levels.weather_env).toMatchObject({
       restore_level: 'prompt_group',
       decided_by: 'agent_override',
     });
-    expect(resolveLevels(input('turn', envs(), { ...base, agentOverrides: { weather_env_agent: 'turn' } })).levels['weather_env']).toMatchObject({
+    expect(resolveLevels(input('turn', envs(), { ...base, agentOverrides: { weather_env_agent: 'turn' } })).levels.weather_env).toMatchObject({
       restore_level: 'turn',
       decided_by: 'agent_override',
     });
     // Without an agent override the task-source override decides; without either, the target.
-    expect(resolveLevels(input('turn', envs(), base)).levels['weather_env']).toMatchObject({ restore_level: 'sibling', decided_by: 'task_source_override' });
-    expect(resolveLevels(input('turn', envs(), base)).levels['counter_env']).toMatchObject({ restore_level: 'turn', decided_by: 'target' });
+    expect(resolveLevels(input('turn', envs(), base)).levels.weather_env).toMatchObject({ restore_level: 'sibling', decided_by: 'task_source_override' });
+    expect(resolveLevels(input('turn', envs(), base)).levels.counter_env).toMatchObject({ restore_level: 'turn', decided_by: 'target' });
   });
 
   it('two task sources of one environment that disagree are rejected', () => {

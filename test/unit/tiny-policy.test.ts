@@ -85,9 +85,9 @@ describe('logSoftmax', () => {
   it('is log of normalised exp, stable for large logits', () => {
     const lp = logSoftmax([1, 2, 3]);
     const z = Math.exp(1) + Math.exp(2) + Math.exp(3);
-    lp.forEach((v, i) => expect(v).toBeCloseTo(Math.log(Math.exp(i + 1) / z), 12));
+    for (const [i, v] of lp.entries()) expect(v).toBeCloseTo(Math.log(Math.exp(i + 1) / z), 12);
     const big = logSoftmax([1000, 1000]);
-    big.forEach((v) => expect(v).toBeCloseTo(Math.log(0.5), 12));
+    for (const v of big) expect(v).toBeCloseTo(Math.log(0.5), 12);
     expect(logSoftmax([])).toEqual([]);
   });
 });
@@ -129,7 +129,7 @@ describe('decide', () => {
       counts[d.action] = (counts[d.action] ?? 0) + 1;
     }
     const { actions, logprobs } = distributionOf(w, 'weather:calls=0');
-    actions.forEach((a, i) => expect(Math.abs((counts[a] ?? 0) / n - Math.exp(logprobs[i]!))).toBeLessThan(0.03));
+    for (const [i, a] of actions.entries()) expect(Math.abs((counts[a] ?? 0) / n - Math.exp(logprobs[i]!))).toBeLessThan(0.03);
   });
 
   it('a new policy version changes the sampling seed', () => {
@@ -220,7 +220,10 @@ describe('expected reward of the initial policy', () => {
     for (let g = 0; g < 300; g++) {
       const prompt = `p${g % 48}`;
       const texts = [0, 1, 2, 3].map((k) => decide({ weights: w, messages: [user(`[task genrm prompt=${prompt}]`)], rolloutId: `s1-p${g}_g${k}` }).message.content as string);
-      for (const r of cohortRewards(texts, 'circular')) (sum += r), members++;
+      for (const r of cohortRewards(texts, 'circular')) {
+        sum += r;
+        members++;
+      }
     }
     const judged = sum / members;
     rows.push(`genrm    judged by genrm_compare (300 groups of 4) ${judged.toFixed(3)}`);

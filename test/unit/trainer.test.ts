@@ -6,7 +6,6 @@ import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js'
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
-import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { MockActivityEnvironment } from '@temporalio/testing';

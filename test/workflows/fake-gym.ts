@@ -232,7 +232,9 @@ export class FakeGym {
         }
         const finished = input.scope.map(captureKey).sort().slice(0, s.finishedBeforeCommit ?? 0);
         const keys = input.scope.map(captureKey).filter((k) => !finished.includes(k)).sort();
-        if (finished.length > 0) setTimeout(() => finished.forEach((k) => this.finishRun(k)), 200);
+        if (finished.length > 0) setTimeout(() => {
+            for (const k of finished) this.finishRun(k);
+          }, 200);
         const participants: GymCommitOutcome['participants'] = {};
         for (const m of TOPOLOGY.members) {
           participants[s.commitWrongParticipants && m.kind === 'agent' ? 'stranger' : m.name] = {
@@ -308,7 +310,10 @@ export class FakeGym {
               this.calls.push(`retired-run:${key}`);
               reject(ApplicationFailure.nonRetryable(`attempt ${key} was retired`, 'stale_attempt'));
             });
-            if (!s.holdRuns) setTimeout(() => (stop(), resolve(s.reward?.(key) ?? 1)), s.runMs ?? 20);
+            if (!s.holdRuns) setTimeout(() => {
+                stop();
+                resolve(s.reward?.(key) ?? 1);
+              }, s.runMs ?? 20);
             ctx.cancellationSignal.addEventListener('abort', () => {
               stop();
               reject(ctx.cancellationSignal.reason);

@@ -17,7 +17,6 @@ import {
   episode,
   forgetRollouts,
   nMessages,
-  participants,
   pickRollout,
   prepareAndCommit,
   readRecords,

@@ -22,7 +22,6 @@ import {
   deliveredNoResult,
   episode,
   http,
-  participants,
   prepareAndCommit,
   readRecords,
   replyOf,

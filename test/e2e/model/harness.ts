@@ -222,7 +222,7 @@ export async function rewardOf(h: RunHandle, timeoutMs = 30_000): Promise<number
   await Promise.race([h.done, sleep(timeoutMs)]);
   if (!h.settled) throw new Error(`/run of ${h.key} did not reply within ${timeoutMs} ms`);
   const r = h.reply;
-  if (!r || r.status !== 200 || !r.body?.result) throw new Error(`/run of ${h.key} failed: ${r ? `HTTP ${r.status} ${JSON.stringify(r.body).slice(0, 600)}` : String(h.error)}`);
+  if (r?.status !== 200 || !r.body?.result) throw new Error(`/run of ${h.key} failed: ${r ? `HTTP ${r.status} ${JSON.stringify(r.body).slice(0, 600)}` : String(h.error)}`);
   return r.body.result.reward as number;
 }
 
