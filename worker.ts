@@ -48,7 +48,10 @@ export function connectBackoffMs(n: number): number {
  * reached (it is not up yet, or restarting): a starting worker rides that out as a running one does.
  * Anything else (a namespace that does not exist, bad options) fails at once.
  */
-async function connectWorkers(opts: ControllerWorkerOptions, create: (connection: NativeConnection) => Promise<Worker[]>): Promise<{ connection: NativeConnection; workers: Worker[] }> {
+async function connectWorkers(
+  opts: ControllerWorkerOptions,
+  create: (connection: NativeConnection) => Promise<Worker[]>,
+): Promise<{ connection: NativeConnection; workers: Worker[] }> {
   const log = opts.log ?? ((line: string) => console.error(line));
   const giveUpAt = opts.connectTimeoutMs === undefined ? Infinity : Date.now() + opts.connectTimeoutMs;
   for (let n = 0; ; n++) {
@@ -60,7 +63,8 @@ async function connectWorkers(opts: ControllerWorkerOptions, create: (connection
       await connection?.close().catch(() => undefined);
       if (!(err instanceof TransportError)) throw err;
       const wait = connectBackoffMs(n);
-      if (Date.now() + wait > giveUpAt) throw new Error(`worker: Temporal at ${opts.address} did not answer within ${opts.connectTimeoutMs} ms: ${err.message}`);
+      if (Date.now() + wait > giveUpAt)
+        throw new Error(`worker: Temporal at ${opts.address} did not answer within ${opts.connectTimeoutMs} ms: ${err.message}`);
       log(`worker: cannot reach Temporal at ${opts.address} (try ${n + 1}: ${err.message.split('\n')[0]}); retrying in ${(wait / 1000).toFixed(1)} s`);
       await delay(wait);
     }

@@ -63,15 +63,7 @@ export function encodeBody(value: unknown): Buffer {
 
 export type TransportReason = 'connect' | 'socket' | 'timeout' | 'aborted' | 'other';
 
-const CONNECT_CODES = new Set([
-  'ECONNREFUSED',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'EADDRNOTAVAIL',
-  'UND_ERR_CONNECT_TIMEOUT',
-]);
+const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
 const SOCKET_CODES = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'ETIMEDOUT']);
 
 /** The call did not produce an HTTP reply. Plain data fields only, so it survives serialization. */
@@ -137,10 +129,11 @@ function errorCode(err: unknown): string | undefined {
   if (typeof c === 'string') return c;
   // Happy-eyeballs connects surface an AggregateError whose entries carry the codes.
   const inner = (err as { errors?: unknown[] } | null)?.errors;
-  if (Array.isArray(inner)) for (const e of inner) {
-    const ic = (e as { code?: unknown } | null)?.code;
-    if (typeof ic === 'string') return ic;
-  }
+  if (Array.isArray(inner))
+    for (const e of inner) {
+      const ic = (e as { code?: unknown } | null)?.code;
+      if (typeof ic === 'string') return ic;
+    }
   return undefined;
 }
 
@@ -154,10 +147,13 @@ export async function controlCall(opts: ControlCallOptions): Promise<ControlResp
   const url = joinUrl(opts.url, opts.path);
   const controller = new AbortController();
   let timedOut = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    controller.abort();
-  }, Math.max(0, opts.timeoutMs));
+  const timer = setTimeout(
+    () => {
+      timedOut = true;
+      controller.abort();
+    },
+    Math.max(0, opts.timeoutMs),
+  );
   const onAbort = (): void => controller.abort();
   if (opts.signal?.aborted) controller.abort();
   else opts.signal?.addEventListener('abort', onAbort, { once: true });
@@ -195,7 +191,13 @@ export async function controlCall(opts: ControlCallOptions): Promise<ControlResp
     }
     const code = errorCode(err);
     const message = err instanceof Error ? err.message : String(err);
-    throw new ControlTransportError({ reason: reasonOf(code), url, method: opts.method, message: message || code || 'transport error', ...(code ? { code } : {}) });
+    throw new ControlTransportError({
+      reason: reasonOf(code),
+      url,
+      method: opts.method,
+      message: message || code || 'transport error',
+      ...(code ? { code } : {}),
+    });
   } finally {
     clearTimeout(timer);
     opts.signal?.removeEventListener('abort', onAbort);

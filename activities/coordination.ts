@@ -24,25 +24,8 @@ import {
 } from '../protocol/control.js';
 import { pause } from '../servers/common/async.js';
 import { errorCodeOf, isNonRetryableCode, type ErrorCode } from '../protocol/errors.js';
-import {
-  KINDS,
-  PREPARE_ORDER,
-  RETIRE_GROUPS,
-  captureKey,
-  nextAttempt,
-  parseCaptureKey,
-  type CaptureKey,
-  type EpisodeId,
-  type Kind,
-} from '../protocol/ids.js';
-import {
-  callTimeoutMs,
-  controlCall,
-  encodeBody,
-  formatSeconds,
-  isControlTransportError,
-  type ControlResponse,
-} from './control-client.js';
+import { KINDS, PREPARE_ORDER, RETIRE_GROUPS, captureKey, nextAttempt, parseCaptureKey, type CaptureKey, type EpisodeId, type Kind } from '../protocol/ids.js';
+import { callTimeoutMs, controlCall, encodeBody, formatSeconds, isControlTransportError, type ControlResponse } from './control-client.js';
 
 // --- deployment ------------------------------------------------------------------------
 
@@ -249,9 +232,7 @@ async function fanOut<S extends z.ZodType, T>(
   signal: AbortSignal | undefined,
 ): Promise<Sent<T>> {
   const timeoutMs = callTimeoutMs(deadlineTs);
-  const outcomes = await Promise.all(
-    members.map((m) => callOne(m, dep.token, op, body, timeoutMs, schema, convert, signal)),
-  );
+  const outcomes = await Promise.all(members.map((m) => callOne(m, dep.token, op, body, timeoutMs, schema, convert, signal)));
   const sent: Sent<T> = { replies: {}, failures: {} };
   members.forEach((m, i) => {
     const o = outcomes[i]!;
@@ -362,18 +343,14 @@ async function probe(
 }
 
 export function sortMembers(members: readonly Member[]): Member[] {
-  return [...members].sort(
-    (a, b) => PREPARE_ORDER.indexOf(a.kind) - PREPARE_ORDER.indexOf(b.kind) || compareStrings(a.name, b.name),
-  );
+  return [...members].sort((a, b) => PREPARE_ORDER.indexOf(a.kind) - PREPARE_ORDER.indexOf(b.kind) || compareStrings(a.name, b.name));
 }
 
 export async function discover(opts: DiscoverOptions): Promise<DiscoverResult> {
   const probeTimeoutMs = opts.probeTimeoutMs ?? 60_000;
   const tries = Math.max(1, opts.tries ?? 3);
   const retryDelayMs = opts.retryDelayMs ?? 250;
-  const results = await Promise.all(
-    opts.servers.map((s) => probe(s, opts.token, probeTimeoutMs, tries, retryDelayMs, opts.signal)),
-  );
+  const results = await Promise.all(opts.servers.map((s) => probe(s, opts.token, probeTimeoutMs, tries, retryDelayMs, opts.signal)));
   const members: Member[] = [];
   const statuses: Record<string, StatusReply> = {};
   const skipped: string[] = [];
@@ -687,9 +664,7 @@ export async function retire(dep: Deployment, opts: RetireOptions): Promise<Reco
     RetireReplySchema,
     (r): RetireOutcome => {
       const o = r as { retired_count?: number; retired?: CaptureKey[] };
-      return typeof o.retired_count === 'number'
-        ? { retired_count: o.retired_count }
-        : { retired_count: o.retired?.length ?? 0, retired: o.retired ?? [] };
+      return typeof o.retired_count === 'number' ? { retired_count: o.retired_count } : { retired_count: o.retired?.length ?? 0, retired: o.retired ?? [] };
     },
     opts.signal,
   );

@@ -3,17 +3,7 @@
 // all it takes to resume after a crash.
 import { createHash } from 'node:crypto';
 import type { ResponsesFunctionTool } from '../protocol/openai.js';
-import {
-  CITIES,
-  GENRM_TOPICS,
-  TASKSETS,
-  genrmPromptId,
-  genrmTopicIndex,
-  renderTaskLine,
-  type Task,
-  type TaskLine,
-  type Taskset,
-} from '../protocol/tasks.js';
+import { CITIES, GENRM_TOPICS, TASKSETS, genrmPromptId, genrmTopicIndex, renderTaskLine, type Task, type TaskLine, type Taskset } from '../protocol/tasks.js';
 
 export const SYSTEM_PROMPT = 'You are a helpful assistant.';
 /** genrm prompt IDs are `p0` … `p<GENRM_PROMPT_COUNT - 1>` (topics repeat every 12). */

@@ -149,7 +149,11 @@ export function policyGradient(logits: Table, groups: readonly GrpoGroup[], adva
   const gradient: Table = {};
   for (const situation of Object.keys(sum).sort()) {
     const row = sum[situation]!;
-    gradient[situation] = Object.fromEntries(Object.keys(row).sort().map((a) => [a, usedCalls ? row[a]! / usedCalls : 0]));
+    gradient[situation] = Object.fromEntries(
+      Object.keys(row)
+        .sort()
+        .map((a) => [a, usedCalls ? row[a]! / usedCalls : 0]),
+    );
   }
   return { gradient, usedCalls, unknownCalls };
 }
@@ -163,7 +167,14 @@ export function sortedTable(t: Table): Table {
   return Object.fromEntries(
     Object.keys(t)
       .sort()
-      .map((s) => [s, Object.fromEntries(Object.keys(t[s]!).sort().map((a) => [a, t[s]![a]!]))]),
+      .map((s) => [
+        s,
+        Object.fromEntries(
+          Object.keys(t[s]!)
+            .sort()
+            .map((a) => [a, t[s]![a]!]),
+        ),
+      ]),
   );
 }
 

@@ -87,7 +87,9 @@ export function gymFailure(err: unknown): unknown {
   const failures: Record<string, string> = {};
   for (const [name, f] of Object.entries(err.failures)) failures[name] = clip(f.description);
   // Servers that could not be reached at all: a Gym that is down or restarting, not one that failed.
-  const unreachable = Object.keys(err.failures).filter((name) => err.failures[name]!.unreachable).sort();
+  const unreachable = Object.keys(err.failures)
+    .filter((name) => err.failures[name]!.unreachable)
+    .sort();
   const details: GymFailureDetails = { operation: err.operation, failures, ...(unreachable.length ? { unreachable } : {}) };
   const message = clipMessage(err.message);
   const code = refusalCode(err);
@@ -405,9 +407,7 @@ export function createGymActivities(deps: GymActivityDeps) {
           .filter(([, r]) => r.source_checkpoint_id !== input.sourceCheckpointId)
           .map(([name, r]) => `${name}: ${JSON.stringify(r.source_checkpoint_id)}`);
         if (wrong.length > 0) {
-          throw invariantFailure(
-            `restore ${input.restoreId}: participants restored another checkpoint than ${input.sourceCheckpointId}: ${wrong.join('; ')}`,
-          );
+          throw invariantFailure(`restore ${input.restoreId}: participants restored another checkpoint than ${input.sourceCheckpointId}: ${wrong.join('; ')}`);
         }
       }
       const restored: Record<string, CaptureKey[]> = {};

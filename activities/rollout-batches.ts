@@ -149,7 +149,8 @@ function keptLength(text: string, step: number, file: string): number {
     } catch {
       throw invariantFailure(`${file}: line at byte ${offset} is not JSON`);
     }
-    if (parsed.format !== ROLLOUT_BATCH_FORMAT || typeof parsed.step !== 'number') throw invariantFailure(`${file}: line at byte ${offset} is not a ${ROLLOUT_BATCH_FORMAT} line`);
+    if (parsed.format !== ROLLOUT_BATCH_FORMAT || typeof parsed.step !== 'number')
+      throw invariantFailure(`${file}: line at byte ${offset} is not a ${ROLLOUT_BATCH_FORMAT} line`);
     if (parsed.step >= step) break;
     offset = nl + 1;
   }
@@ -217,9 +218,11 @@ export async function collectBatch(raw: CollectBatchInput): Promise<CollectedBat
 // biome-ignore lint/suspicious/noExplicitAny: loose JSON for tests and tools, which pick the fields they check.
 export async function readRolloutBatches(checkpointDir: string): Promise<Array<Record<string, any>>> {
   const text = await fsp.readFile(path.join(checkpointDir, ROLLOUT_BATCHES_FILE), 'utf8');
-  return text
-    .split('\n')
-    .filter((l) => l.length > 0)
-    // biome-ignore lint/suspicious/noExplicitAny: as above.
-    .map((l) => JSON.parse(l) as Record<string, any>);
+  return (
+    text
+      .split('\n')
+      .filter((l) => l.length > 0)
+      // biome-ignore lint/suspicious/noExplicitAny: as above.
+      .map((l) => JSON.parse(l) as Record<string, any>)
+  );
 }

@@ -40,10 +40,7 @@ export function summarizeResult(result: RunResult): Record<string, unknown> {
   for (const [k, v] of Object.entries(result)) {
     if (k === 'reward' || n >= MAX_SUMMARY_FIELDS) continue;
     const small =
-      v === null ||
-      typeof v === 'boolean' ||
-      (typeof v === 'number' && Number.isFinite(v)) ||
-      (typeof v === 'string' && v.length <= MAX_SUMMARY_STRING);
+      v === null || typeof v === 'boolean' || (typeof v === 'number' && Number.isFinite(v)) || (typeof v === 'string' && v.length <= MAX_SUMMARY_STRING);
     if (small) {
       out[k] = v;
       n++;
@@ -100,11 +97,7 @@ export function reportOfReply(input: RunEpisodeInput, status: number, body: unkn
   }
   const code = errorCodeOf(body);
   const detail =
-    code !== undefined
-      ? String((body as { error: { detail?: unknown } }).error.detail ?? '')
-      : typeof body === 'string'
-        ? body
-        : JSON.stringify(body);
+    code !== undefined ? String((body as { error: { detail?: unknown } }).error.detail ?? '') : typeof body === 'string' ? body : JSON.stringify(body);
   const message = `/run of ${key} on ${input.environment}: HTTP ${status}${code ? ` ${code}` : ''} ${clip(detail)}`.trim();
   const details = { captureKey: key, environment: input.environment, status, ...(code ? { code } : {}), detail: clip(detail) };
   if (status >= 500) throw transient(message, details);
@@ -165,6 +158,11 @@ export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
 
 /** Builds a sibling's task from its dataset reference (deterministic: the same task every time). */
 export function taskFromRef(ref: TaskRef): Task {
-  const group = { group_id: ref.group_id ?? groupIdOf(ref.seed, ref.prompt_index), prompt_index: ref.prompt_index, size: ref.group_size, task: taskAt(ref.seed, ref.prompt_index, ref.tasksets as Taskset[]) };
+  const group = {
+    group_id: ref.group_id ?? groupIdOf(ref.seed, ref.prompt_index),
+    prompt_index: ref.prompt_index,
+    size: ref.group_size,
+    task: taskAt(ref.seed, ref.prompt_index, ref.tasksets as Taskset[]),
+  };
   return siblingTask(group, ref.sibling, ref.group_attempt ?? 0);
 }

@@ -324,13 +324,17 @@ async function checkSnapshot(
         throw err;
       }
       if (ledger.bytes !== manifest.ledger_bytes || ledger.sha256 !== manifest.ledger_sha256) {
-        throw bad(`${LEDGER_FILE} does not match the manifest (sha256 ${ledger.sha256}, ${ledger.bytes} bytes; manifest ${manifest.ledger_sha256}, ${manifest.ledger_bytes} bytes)`);
+        throw bad(
+          `${LEDGER_FILE} does not match the manifest (sha256 ${ledger.sha256}, ${ledger.bytes} bytes; manifest ${manifest.ledger_sha256}, ${manifest.ledger_bytes} bytes)`,
+        );
       }
 
       const entries = Object.entries(manifest.gym_checkpoint.participants);
       for (const [name, p] of entries) {
-        if (p.manifest.kind !== p.kind || p.manifest.instance !== p.instance) throw bad(`participant ${name}: manifest names ${String(p.manifest.kind)}/${String(p.manifest.instance)}, entry ${p.kind}/${p.instance}`);
-        if (p.manifest.checkpoint_id !== manifest.checkpoint_id) throw bad(`participant ${name} committed checkpoint ${JSON.stringify(p.manifest.checkpoint_id)}, not ${manifest.checkpoint_id}`);
+        if (p.manifest.kind !== p.kind || p.manifest.instance !== p.instance)
+          throw bad(`participant ${name}: manifest names ${String(p.manifest.kind)}/${String(p.manifest.instance)}, entry ${p.kind}/${p.instance}`);
+        if (p.manifest.checkpoint_id !== manifest.checkpoint_id)
+          throw bad(`participant ${name} committed checkpoint ${JSON.stringify(p.manifest.checkpoint_id)}, not ${manifest.checkpoint_id}`);
       }
       // A few participants at a time: each streams its records file (digest and count, nothing kept).
       let next = 0;
@@ -415,7 +419,8 @@ async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Pro
   const read = await readJsonFile(file, GymCommitFileSchema, (what) => invariantFailure(`${tmpDir}: ${what}`));
   if (!read) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
   const commit = read.data;
-  if (commit.checkpoint_id !== slim.checkpoint_id) throw invariantFailure(`${file} is of checkpoint ${JSON.stringify(commit.checkpoint_id)}, not ${slim.checkpoint_id}`);
+  if (commit.checkpoint_id !== slim.checkpoint_id)
+    throw invariantFailure(`${file} is of checkpoint ${JSON.stringify(commit.checkpoint_id)}, not ${slim.checkpoint_id}`);
   const names = Object.keys(g.participants).sort();
   if (JSON.stringify(names) !== JSON.stringify(Object.keys(commit.participants).sort())) {
     throw invariantFailure(`${file} names participants ${Object.keys(commit.participants).sort().join(',')}, the commit ${names.join(',')}`);
@@ -426,7 +431,9 @@ async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Pro
     const f = commit.participants[name]!;
     const count = 'episode_count' in p ? p.episode_count : p.episode_ids.length;
     if (f.kind !== p.kind || f.instance !== p.instance || f.episode_ids.length !== count) {
-      throw invariantFailure(`${file}: participant ${name} is ${f.kind}/${f.instance} with ${f.episode_ids.length} episodes, the commit ${p.kind}/${p.instance} with ${count}`);
+      throw invariantFailure(
+        `${file}: participant ${name} is ${f.kind}/${f.instance} with ${f.episode_ids.length} episodes, the commit ${p.kind}/${p.instance} with ${count}`,
+      );
     }
     participants[name] = { kind: p.kind, instance: p.instance, manifest: p.manifest, episode_ids: f.episode_ids };
   }
@@ -615,10 +622,9 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
         }
       }
       if (skipped.length > 0) {
-        throw invariantFailure(
-          `no valid snapshot in ${input.checkpointDir}; refusing to start over: ${skipped.map((s) => s.reason).join(' | ')}`,
-          { skipped: skipped.slice(0, 10) },
-        );
+        throw invariantFailure(`no valid snapshot in ${input.checkpointDir}; refusing to start over: ${skipped.map((s) => s.reason).join(' | ')}`, {
+          skipped: skipped.slice(0, 10),
+        });
       }
       return null;
     }),

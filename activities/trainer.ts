@@ -27,7 +27,17 @@ import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
 import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorageFailure, type ActivityLog } from './activity-context.js';
 import { joinUrl } from './control-client.js';
-import { checkOptimizer, grpoStep, initialOptimizer, sortedTable, type AdamOptions, type AdamState, type GrpoCall, type GrpoGroup, type Table } from './grpo.js';
+import {
+  checkOptimizer,
+  grpoStep,
+  initialOptimizer,
+  sortedTable,
+  type AdamOptions,
+  type AdamState,
+  type GrpoCall,
+  type GrpoGroup,
+  type Table,
+} from './grpo.js';
 import { canonicalJson, sortKeysDeep } from '../protocol/canonical-json.js';
 import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
 import { readJsonFile } from './json-file.js';
@@ -303,7 +313,10 @@ async function readAnchor(checkpointDir: string, anchor: string, step: number, r
 }
 
 /** The newest anchor that validates (optionally of one run), with the newer ones it skipped. */
-async function newestAnchor(checkpointDir: string, run?: string): Promise<{ anchor: string; state: TrainerState; skipped: SkippedAnchor[] } | { anchor: null; skipped: SkippedAnchor[] }> {
+async function newestAnchor(
+  checkpointDir: string,
+  run?: string,
+): Promise<{ anchor: string; state: TrainerState; skipped: SkippedAnchor[] } | { anchor: null; skipped: SkippedAnchor[] }> {
   const skipped: SkippedAnchor[] = [];
   for (const { anchor, step } of await listStepAnchors(checkpointDir)) {
     try {
@@ -378,7 +391,9 @@ async function backendCall(
 
 /** `POST /_ctl/policy`: the backend serves `{version, logits}` from now on. */
 async function refit(base: string, st: TrainerState, timeoutMs: number, signal: AbortSignal | undefined): Promise<void> {
-  const reply = (await backendCall(base, 'POST', '/_ctl/policy', { version: st.version, logits: st.logits }, timeoutMs, signal)) as { version?: unknown } | null;
+  const reply = (await backendCall(base, 'POST', '/_ctl/policy', { version: st.version, logits: st.logits }, timeoutMs, signal)) as {
+    version?: unknown;
+  } | null;
   if (reply?.version !== st.version) throw invariantFailure(`refit of ${base}: the backend reports version ${String(reply?.version)}, not ${st.version}`);
 }
 
@@ -596,7 +611,9 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
 
   /** `trainer: external` reached this worker's own trainer: the external one's activities are not registered. */
   const notExternal = (): ApplicationFailure =>
-    invariantFailure('trainer external: this worker runs the tiny_grpo trainer; the external trainer must register the trainer role activities (activities/trainer-role.ts) on the run\'s task queue');
+    invariantFailure(
+      "trainer external: this worker runs the tiny_grpo trainer; the external trainer must register the trainer role activities (activities/trainer-role.ts) on the run's task queue",
+    );
 
   /** `trainer: none`: the batch goes to the rollout batches file; the version does not move. */
   async function collectStep(input: TrainStepInput): Promise<TrainStepResult> {
@@ -648,7 +665,11 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
             { have: st.version, step: st.step, expected: expectedVersion },
           );
         }
-        if (step !== st.step + 1) throw invariantFailure(`trainStep: step ${step} does not follow the trainer's step ${st.step} (version ${st.version})`, { have: st.version, step: st.step });
+        if (step !== st.step + 1)
+          throw invariantFailure(`trainStep: step ${step} does not follow the trainer's step ${st.step} (version ${st.version})`, {
+            have: st.version,
+            step: st.step,
+          });
 
         // One pass over the whole log (it grows with the run), then each sibling reads only its keys.
         const byKey = new Map<string, CallRecordLike[]>();
@@ -781,7 +802,8 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
         throw err;
       }
       if (st === 'missing') throw invariantFailure(`writeGymRestartFallback: ${anchor} has no durable ${TRAINER_FILE} yet`);
-      if (st.version !== trainerVersion) throw invariantFailure(`writeGymRestartFallback: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
+      if (st.version !== trainerVersion)
+        throw invariantFailure(`writeGymRestartFallback: ${anchor} holds trainer version ${st.version}, not ${trainerVersion}`);
       return writeMarkerFile(checkpointDir, step, trainerVersion, topologyFingerprint, ledger);
     });
   }

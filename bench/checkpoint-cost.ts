@@ -135,8 +135,21 @@ async function main(): Promise<void> {
     // The trainer lives in this process (the worker's memory), keyed by run: start it fresh.
     await trainer.dropTrainerState({ run: RUN });
     const cfg = RunConfigSchema.parse({
-      run: { name: RUN, gym_run_dir: runDir, checkpoint_dir: join(dir, `checkpoints-${i}`), seed: Number(values.seed), task_queue: 'ckptcost', rollout_task_queue: 'ckptcost-run' },
-      grpo: { num_prompts_per_step: prompts, num_generations_per_prompt: generations, max_num_steps: steps, tasksets, environments: { weather: 'weather_env', counter: 'counter_env' } },
+      run: {
+        name: RUN,
+        gym_run_dir: runDir,
+        checkpoint_dir: join(dir, `checkpoints-${i}`),
+        seed: Number(values.seed),
+        task_queue: 'ckptcost',
+        rollout_task_queue: 'ckptcost-run',
+      },
+      grpo: {
+        num_prompts_per_step: prompts,
+        num_generations_per_prompt: generations,
+        max_num_steps: steps,
+        tasksets,
+        environments: { weather: 'weather_env', counter: 'counter_env' },
+      },
       async_rl: { max_in_flight_groups: inFlight },
       rollout_checkpointing: { snapshot_attempt_interval_s: variant === 'on' ? interval : null },
       checkpointing: { enabled: variant === 'on', save_period: 1 },

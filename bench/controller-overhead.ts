@@ -246,8 +246,21 @@ async function main(): Promise<void> {
   const client = new Client({ connection });
 
   const cfg = RunConfigSchema.parse({
-    run: { name: 'overhead', gym_run_dir: runDir, checkpoint_dir: join(dir, 'checkpoints'), seed: Number(values.seed), task_queue: 'overhead', rollout_task_queue: 'overhead-run' },
-    grpo: { num_prompts_per_step: groups, num_generations_per_prompt: generations, max_num_steps: 1, tasksets, environments: { weather: 'weather_env', counter: 'counter_env' } },
+    run: {
+      name: 'overhead',
+      gym_run_dir: runDir,
+      checkpoint_dir: join(dir, 'checkpoints'),
+      seed: Number(values.seed),
+      task_queue: 'overhead',
+      rollout_task_queue: 'overhead-run',
+    },
+    grpo: {
+      num_prompts_per_step: groups,
+      num_generations_per_prompt: generations,
+      max_num_steps: 1,
+      tasksets,
+      environments: { weather: 'weather_env', counter: 'counter_env' },
+    },
     async_rl: { max_in_flight_groups: inFlight },
     rollout_checkpointing: { snapshot_attempt_interval_s: null },
     trainer: { enabled: false },

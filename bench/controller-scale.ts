@@ -43,7 +43,6 @@ async function post(url: string, body: unknown): Promise<void> {
 
 const PARKED_WINDOW_S = 10;
 
-
 /**
  * Where the checkpoint attempt's time went outside its stages: from the update to the child's
  * start, the child's workflow tasks and activities waiting in the server's queues, and from the
@@ -141,8 +140,20 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const generations = 4;
   const groups = rollouts / generations;
   const cfg = RunConfigSchema.parse({
-    run: { name: `scale-${rollouts}`, gym_run_dir: join(dir, 'gym'), checkpoint_dir: join(dir, 'checkpoints'), task_queue: 'scale', rollout_task_queue: 'scale-run' },
-    grpo: { num_prompts_per_step: groups, num_generations_per_prompt: generations, max_num_steps: 1, tasksets: ['weather'], environments: { weather: 'weather_env' } },
+    run: {
+      name: `scale-${rollouts}`,
+      gym_run_dir: join(dir, 'gym'),
+      checkpoint_dir: join(dir, 'checkpoints'),
+      task_queue: 'scale',
+      rollout_task_queue: 'scale-run',
+    },
+    grpo: {
+      num_prompts_per_step: groups,
+      num_generations_per_prompt: generations,
+      max_num_steps: 1,
+      tasksets: ['weather'],
+      environments: { weather: 'weather_env' },
+    },
     async_rl: { max_in_flight_groups: groups },
     rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: 300 } },
     controller: { max_history_events: 40_000 },
@@ -160,7 +171,9 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     const count = (await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number };
     // Checked first: a run that never answers (e.g. its workflow task fails on every attempt) must not hang the bench.
     if (Date.now() - t0 > 900_000) {
-      throw new Error(`only ${s ? s.inFlight : '?'} in flight, ${count.count} calls after 15 min${s ? '' : ` (the run does not answer queries: ${String(queryError)})`}`);
+      throw new Error(
+        `only ${s ? s.inFlight : '?'} in flight, ${count.count} calls after 15 min${s ? '' : ` (the run does not answer queries: ${String(queryError)})`}`,
+      );
     }
     if (!s) {
       if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: no answer to the status query, ${count.count} model calls`);
@@ -169,7 +182,8 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     }
     if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
     if (s.inFlight >= rollouts && count.count >= rollouts) break;
-    if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
+    if (process.env.BENCH_VERBOSE)
+      console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
     await new Promise((r) => setTimeout(r, 1000));
   }
   // The dev server's load while everything is parked (the heartbeats of N parked `/run`s).
@@ -186,7 +200,9 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     const one = await checkpointOnce(client, handle, rollouts, attemptIds);
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
-    console.log(`  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s`);
+    console.log(
+      `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s`,
+    );
   }
   await post(`${backend}/_ctl/release`, {});
   const byAdmission = [...taken].sort((a, b) => Number(a.admission_closed_s) - Number(b.admission_closed_s));

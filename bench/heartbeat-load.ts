@@ -20,7 +20,6 @@ import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
 
-
 async function measure(parked: number, heartbeatTimeoutS: number, settleS: number, windowS: number): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), 'bench-heartbeat-'));
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
@@ -39,7 +38,11 @@ async function measure(parked: number, heartbeatTimeoutS: number, settleS: numbe
     return await worker.runUntil(async () => {
       const ids = Array.from({ length: parked }, (_, i) => `parked-${i}`);
       for (let i = 0; i < ids.length; i += 100) {
-        await Promise.all(ids.slice(i, i + 100).map((workflowId) => client.workflow.start('parkedRollout', { taskQueue: 'heartbeat-load', workflowId, args: [heartbeatTimeoutS] })));
+        await Promise.all(
+          ids
+            .slice(i, i + 100)
+            .map((workflowId) => client.workflow.start('parkedRollout', { taskQueue: 'heartbeat-load', workflowId, args: [heartbeatTimeoutS] })),
+        );
       }
       await sleep(settleS * 1000);
       const s0 = await processGroupCpuSeconds(server.pid!);
@@ -48,7 +51,14 @@ async function measure(parked: number, heartbeatTimeoutS: number, settleS: numbe
       const serverCpu = (await processGroupCpuSeconds(server.pid!)) - s0;
       const w = process.cpuUsage(w0);
       release();
-      await Promise.all(ids.map((id) => client.workflow.getHandle(id).result().catch(() => undefined)));
+      await Promise.all(
+        ids.map((id) =>
+          client.workflow
+            .getHandle(id)
+            .result()
+            .catch(() => undefined),
+        ),
+      );
       return {
         parked,
         heartbeat_timeout_s: heartbeatTimeoutS,
@@ -88,10 +98,13 @@ async function main(): Promise<void> {
   const last = rows[rows.length - 1]!;
   const perBeat =
     rows.length > 1 && first.heartbeats_per_s !== last.heartbeats_per_s
-      ? ((first.server_cpu_s as number) - (last.server_cpu_s as number)) / (((first.heartbeats_per_s as number) - (last.heartbeats_per_s as number)) * (first.window_s as number))
+      ? ((first.server_cpu_s as number) - (last.server_cpu_s as number)) /
+        (((first.heartbeats_per_s as number) - (last.heartbeats_per_s as number)) * (first.window_s as number))
       : null;
   if (perBeat !== null) console.log(`server CPU per heartbeat: ${(perBeat * 1000).toFixed(2)} ms`);
-  console.log(`wrote ${writeBenchResult('heartbeat-load', { parked, server_cores_first: first.server_cores as number, server_cpu_ms_per_heartbeat: perBeat === null ? null : round3(perBeat * 1000) }, rows)}`);
+  console.log(
+    `wrote ${writeBenchResult('heartbeat-load', { parked, server_cores_first: first.server_cores as number, server_cpu_ms_per_heartbeat: perBeat === null ? null : round3(perBeat * 1000) }, rows)}`,
+  );
 }
 
 await main();

@@ -50,7 +50,12 @@ const tools = [
 
 function replyFor(rolloutId: string, messages: ChatMessage[]): Record<string, any> {
   const d = decide({ weights, messages, rolloutId });
-  return completionBody(d, { id: `chatcmpl-${d.seedHex.slice(0, 24)}`, created: 0, model: 'policy', promptTokenIds: fakeTokenIds(promptTextOf(messages)) }) as never;
+  return completionBody(d, {
+    id: `chatcmpl-${d.seedHex.slice(0, 24)}`,
+    created: 0,
+    model: 'policy',
+    promptTokenIds: fakeTokenIds(promptTextOf(messages)),
+  }) as never;
 }
 
 function secondTurn(rolloutId: string, first: Record<string, any>): ChatMessage[] {
@@ -79,7 +84,15 @@ async function inflightCase(n: number): Promise<Record<string, number>> {
       const c = await call(participant, key, e, m0);
       const body = replyFor(e.rollout_id, m0);
       await c.deliver({ status: 200, stream: false, body });
-      await c.complete({ responseId: null, weightVersion: 0, promptTokenIds: null, completionTokenIds: null, completionLogprobs: null, finishReason: null, complete: true });
+      await c.complete({
+        responseId: null,
+        weightVersion: 0,
+        promptTokenIds: null,
+        completionTokenIds: null,
+        completionLogprobs: null,
+        finishReason: null,
+        complete: true,
+      });
       c.end();
     }),
   );
@@ -161,7 +174,13 @@ async function main(): Promise<void> {
   if (imports.length) {
     rows.push(
       { case: 'import', step: 'ledger import (restore reply)', episodes: IMPORT, rows: 2 * IMPORT, seconds: round3(median(imports.map((x) => x.import_s!))) },
-      { case: 'import', step: 'ledger files (after reply)', episodes: IMPORT, rows: 2 * IMPORT, seconds: round3(median(imports.map((x) => x.import_background_s!))) },
+      {
+        case: 'import',
+        step: 'ledger files (after reply)',
+        episodes: IMPORT,
+        rows: 2 * IMPORT,
+        seconds: round3(median(imports.map((x) => x.import_background_s!))),
+      },
     );
   }
   printTable(rows);

@@ -422,7 +422,10 @@ async function reportDeadServers(runDir: string, log: (line: string) => void): P
     if (st.alive) continue;
     let tail = '';
     try {
-      tail = readFileSync(join(runDir, 'logs', `${st.name}.log`), 'utf8').split('\n').slice(-15).join('\n    ');
+      tail = readFileSync(join(runDir, 'logs', `${st.name}.log`), 'utf8')
+        .split('\n')
+        .slice(-15)
+        .join('\n    ');
     } catch {
       tail = '(no log)';
     }
@@ -464,7 +467,13 @@ const STALL_MS = 120_000;
  * `owed(item)` model calls before it is held or finished; at most `window` items' worth of calls
  * (two each) are outstanding, so no server gets thousands of connections at once.
  */
-async function dispatchWindowed<T>(items: readonly T[], start: (item: T) => RunCall, owed: (item: T) => number, backend: Backend, window: number): Promise<RunCall[]> {
+async function dispatchWindowed<T>(
+  items: readonly T[],
+  start: (item: T) => RunCall,
+  owed: (item: T) => number,
+  backend: Backend,
+  window: number,
+): Promise<RunCall[]> {
   const base = await backend.count();
   const out: RunCall[] = [];
   let total = 0;
@@ -548,7 +557,13 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     // Dispatch with a window on the work not yet done: a rollout owes up to two model calls
     // before it is held (or finished); at most `window` rollouts' worth of calls outstanding.
     const tDispatch = performance.now();
-    const runs = await dispatchWindowed(planned, (p) => startRun(pool, endpoints, p), (p) => Math.min(2, p.expected.calls), backend, o.window);
+    const runs = await dispatchWindowed(
+      planned,
+      (p) => startRun(pool, endpoints, p),
+      (p) => Math.min(2, p.expected.calls),
+      backend,
+      o.window,
+    );
     let calls = 0;
     await waitUntil(
       `${n} rollouts held or finished`,
@@ -556,7 +571,10 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         calls = await backend.count();
         const finished = runs.filter((r) => r.settledAt !== undefined).length;
         const failed = runs.filter((r) => r.settledAt !== undefined && !r.planned.oneCall).length;
-        if (failed > 0) throw new Error(`${failed} held rollouts ended before the checkpoint: ${JSON.stringify(runs.find((r) => r.settledAt !== undefined && !r.planned.oneCall)?.reply ?? String(runs.find((r) => r.error)?.error)).slice(0, 500)}`);
+        if (failed > 0)
+          throw new Error(
+            `${failed} held rollouts ended before the checkpoint: ${JSON.stringify(runs.find((r) => r.settledAt !== undefined && !r.planned.oneCall)?.reply ?? String(runs.find((r) => r.error)?.error)).slice(0, 500)}`,
+          );
         return calls >= expectedCallsAtHold && finished >= oneCall ? true : `${calls}/${expectedCallsAtHold} model calls, ${finished}/${oneCall} finished`;
       },
       60_000 + n * 100,
@@ -598,7 +616,8 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     for (const k of exported) if (!dispatched.has(k)) problems.push(`${k}: exported but never dispatched`);
     for (const r of runs) {
       if (!r.planned.oneCall || r.settledAt === undefined) continue;
-      if (rewardOf(r.reply) !== r.planned.expected.reward) problems.push(`${captureKey(r.planned.episode)}: finished with reward ${rewardOf(r.reply)}, expected ${r.planned.expected.reward}`);
+      if (rewardOf(r.reply) !== r.planned.expected.reward)
+        problems.push(`${captureKey(r.planned.episode)}: finished with reward ${rewardOf(r.reply)}, expected ${r.planned.expected.reward}`);
     }
 
     // --- crash, restart, restore ----------------------------------------------------------------
@@ -632,9 +651,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     await resume(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600) });
     const r2 = performance.now();
     o.log(`  restore ${t(r1 - r0)} s, resume ${t(r2 - r1)} s`);
-    const envRestored = new Set(
-      dep2.members.filter((m) => m.kind === 'environment').flatMap((m) => restored[m.name]?.restored ?? []),
-    );
+    const envRestored = new Set(dep2.members.filter((m) => m.kind === 'environment').flatMap((m) => restored[m.name]?.restored ?? []));
     for (const e of restoreScope) {
       const want = captureKey(nextAttempt(e));
       if (!envRestored.has(want)) problems.push(`${want}: not restored by its environment server`);
@@ -666,11 +683,21 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
       // Profiling: the hold stays, so every replacement is held at its next call; a second
       // checkpoint of the restored processes (whose CPU profiles survive: they exit gracefully).
       const tRedispatch = performance.now();
-      reruns = await dispatchWindowed(again, (p) => startRun(pool, endpoints, p, nextAttempt(p.episode)), () => 1, backend, o.window);
-      await waitUntil(`${again.length} replacements held`, async () => {
-        const c = (await backend.count()) - callsBefore;
-        return c >= again.length ? true : `${c}/${again.length} calls`;
-      }, 60_000 + n * 100);
+      reruns = await dispatchWindowed(
+        again,
+        (p) => startRun(pool, endpoints, p, nextAttempt(p.episode)),
+        () => 1,
+        backend,
+        o.window,
+      );
+      await waitUntil(
+        `${again.length} replacements held`,
+        async () => {
+          const c = (await backend.count()) - callsBefore;
+          return c >= again.length ? true : `${c}/${again.length} calls`;
+        },
+        60_000 + n * 100,
+      );
       const id2 = `bench-scale-${n}-again`;
       const m0 = mono();
       const q0 = performance.now();
@@ -679,7 +706,10 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
       const m1 = mono();
       windows.again_prepare = [m0, m1];
       if (!prepared2.prepared) throw new Error(`second checkpoint did not prepare: ${JSON.stringify(preparedBlockers(prepared2)).slice(0, 1000)}`);
-      const scope2 = continuedScope(prepared2, again.map((p) => nextAttempt(p.episode)));
+      const scope2 = continuedScope(
+        prepared2,
+        again.map((p) => nextAttempt(p.episode)),
+      );
       const replies2 = await commit(dep2, { checkpointId: id2, deadlineTs: deadlineIn(600), checkpointDir: `${checkpointDir}-again`, scope: scope2 });
       const q2 = performance.now();
       windows.again_commit = [m1, mono()];
@@ -696,7 +726,10 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     for (const r of reruns) {
       const got = rewardOf(r.reply);
       if (got === r.planned.expected.reward) rewarded += 1;
-      else problems.push(`${captureKey(nextAttempt(r.planned.episode))}: reward ${got}, expected ${r.planned.expected.reward} (${r.reply ? `HTTP ${r.reply.status} ${JSON.stringify(r.reply.body).slice(0, 300)}` : String(r.error)})`);
+      else
+        problems.push(
+          `${captureKey(nextAttempt(r.planned.episode))}: reward ${got}, expected ${r.planned.expected.reward} (${r.reply ? `HTTP ${r.reply.status} ${JSON.stringify(r.reply.body).slice(0, 300)}` : String(r.error)})`,
+        );
     }
     // A continued episode makes only the calls after its saved turn (here: all but its first).
     const after = (await backend.calls()).slice(callsBefore);
@@ -729,7 +762,11 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
         commit_cpu_s: round3(commitCpu[m.name] ?? NaN),
         restore_cpu_s: round3(restoreCpu[m.name] ?? NaN),
         records: man?.record_count ?? null,
-        counts: prep ? Object.entries(prep.report.counts).map(([k, v]) => `${k}=${v}`).join(' ') : '',
+        counts: prep
+          ? Object.entries(prep.report.counts)
+              .map(([k, v]) => `${k}=${v}`)
+              .join(' ')
+          : '',
       };
     });
     const row: Row = {
@@ -781,7 +818,10 @@ export function problemCauses(problems: readonly string[]): Array<[string, numbe
         reason = m[1]!; // cut short by the problem's own truncation
       }
     }
-    const cause = reason.replace(/https?:\/\/[^/\s]+/g, 'http://…').replace(/\d+/g, 'N').slice(0, 200);
+    const cause = reason
+      .replace(/https?:\/\/[^/\s]+/g, 'http://…')
+      .replace(/\d+/g, 'N')
+      .slice(0, 200);
     counts.set(cause, (counts.get(cause) ?? 0) + 1);
   }
   return [...counts].sort((a, b) => b[1] - a[1]);
@@ -822,7 +862,11 @@ async function main(): Promise<void> {
     if (r.problems.length) {
       failed = true;
       console.log(`  ${r.problems.length} problems, first ones:\n    ${r.problems.slice(0, 20).join('\n    ')}`);
-      console.log(`  by cause:\n${problemCauses(r.problems).map(([cause, n]) => `    ${String(n).padStart(6)}  ${cause}`).join('\n')}`);
+      console.log(
+        `  by cause:\n${problemCauses(r.problems)
+          .map(([cause, n]) => `    ${String(n).padStart(6)}  ${cause}`)
+          .join('\n')}`,
+      );
     }
   }
   console.log('');

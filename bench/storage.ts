@@ -185,7 +185,12 @@ function median(xs: number[]): number {
   return s[(s.length - 1) >> 1]!;
 }
 
-async function runCase(name: string, records: object[], kind: 'resources' | 'environment', defer: string | undefined): Promise<Row & { commit_s: number; restore_s: number }> {
+async function runCase(
+  name: string,
+  records: object[],
+  kind: 'resources' | 'environment',
+  defer: string | undefined,
+): Promise<Row & { commit_s: number; restore_s: number }> {
   const runs: Measured[] = [];
   for (let r = 0; r < REPEAT; r++) {
     (globalThis as { gc?: () => void }).gc?.();
@@ -230,7 +235,23 @@ async function main(): Promise<void> {
     const [{ import_s }] = [await importCase(LEDGER)];
     removeTempDirs();
     ledgerImport = import_s!;
-    rows.push({ case: 'model ledger import', records: LEDGER, MB: '-', 'commit s': '-', 'restore s': round3(ledgerImport), restore: 'eager', 'eager restore s': '-', 'materialize s': '-', 'commit MB/s': '-', 'restore MB/s': '-', 'commit cpu s': '-', 'restore cpu s': '-', runs: 1, commit_s: 0, restore_s: ledgerImport });
+    rows.push({
+      case: 'model ledger import',
+      records: LEDGER,
+      MB: '-',
+      'commit s': '-',
+      'restore s': round3(ledgerImport),
+      restore: 'eager',
+      'eager restore s': '-',
+      'materialize s': '-',
+      'commit MB/s': '-',
+      'restore MB/s': '-',
+      'commit cpu s': '-',
+      'restore cpu s': '-',
+      runs: 1,
+      commit_s: 0,
+      restore_s: ledgerImport,
+    });
   }
 
   const table = rows.map(({ commit_s: _c, restore_s: _r, ...row }) => row);

@@ -2,15 +2,7 @@
 // 422) and accept both protocol layers; replies are parsed leniently because controllers must
 // ignore unknown fields and accept both the baseline and the latest shapes.
 import { z } from 'zod';
-import {
-  CaptureKeySchema,
-  CheckpointIdSchema,
-  type KindSchema,
-  episodeIdList,
-  captureKey,
-  type CaptureKey,
-  type EpisodeId,
-} from './ids.js';
+import { CaptureKeySchema, CheckpointIdSchema, type KindSchema, episodeIdList, captureKey, type CaptureKey, type EpisodeId } from './ids.js';
 import { ManifestSchema } from './manifest.js';
 
 export const CONTROL_PREFIX = '/ng-control/v1/checkpoint';
@@ -23,7 +15,13 @@ export type Phase = z.infer<typeof PhaseSchema>;
 
 /** Absolute epoch seconds. Numeric strings are coerced like the reference does; never NaN/±Inf. */
 export const DeadlineSchema = z
-  .union([z.number(), z.string().regex(/^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$/).transform(Number)])
+  .union([
+    z.number(),
+    z
+      .string()
+      .regex(/^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$/)
+      .transform(Number),
+  ])
   .refine((n) => Number.isFinite(n), 'deadline_ts must be a finite number');
 
 const base = { checkpoint_id: CheckpointIdSchema, deadline_ts: DeadlineSchema };
@@ -163,14 +161,8 @@ export const ResumeReplySchema = z.looseObject({ phase: z.literal('idle'), idemp
 export type ResumeReply = { phase: 'idle'; idempotent: boolean };
 
 /** Latest: counts. Baseline: lists. Controllers accept both (§5.7, §5.8). */
-export const RetireReplySchema = z.union([
-  z.looseObject({ retired_count: z.number().int() }),
-  z.looseObject({ retired: z.array(z.string()) }),
-]);
-export const ForgetReplySchema = z.union([
-  z.looseObject({ forgotten_count: z.number().int() }),
-  z.looseObject({ forgotten: z.array(z.string()) }),
-]);
+export const RetireReplySchema = z.union([z.looseObject({ retired_count: z.number().int() }), z.looseObject({ retired: z.array(z.string()) })]);
+export const ForgetReplySchema = z.union([z.looseObject({ forgotten_count: z.number().int() }), z.looseObject({ forgotten: z.array(z.string()) })]);
 export type RetireReply = { retired_count: number };
 export type ForgetReply = { forgotten_count: number };
 

@@ -32,4 +32,3 @@ export function decodeEpisodeId(v: unknown): EpisodeId | undefined {
 export function captureKey(e: EpisodeId): CaptureKey {
   return e.attempt === 0 ? e.rollout_id : `${e.rollout_id}-a${e.attempt}`;
 }
-

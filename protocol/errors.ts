@@ -37,7 +37,9 @@ export const ERRORS = {
 
 export type ErrorCode = keyof typeof ERRORS;
 
-export const ERROR_STATUS = Object.fromEntries(Object.entries(ERRORS).map(([code, e]) => [code, e.status])) as { [C in ErrorCode]: (typeof ERRORS)[C]['status'] };
+export const ERROR_STATUS = Object.fromEntries(Object.entries(ERRORS).map(([code, e]) => [code, e.status])) as {
+  [C in ErrorCode]: (typeof ERRORS)[C]['status'];
+};
 
 export const ERROR_CODES = Object.keys(ERRORS) as ErrorCode[];
 

@@ -66,9 +66,7 @@ export function parseCaptureKey(key: string): EpisodeId | undefined {
   return isValidRolloutId(rollout) ? { rollout_id: rollout, attempt } : undefined;
 }
 
-export const CaptureKeySchema = z
-  .string()
-  .refine((k) => parseCaptureKey(k) !== undefined, 'not a valid capture key');
+export const CaptureKeySchema = z.string().refine((k) => parseCaptureKey(k) !== undefined, 'not a valid capture key');
 
 /**
  * `z.array(CaptureKeySchema)`, fast: a snapshot manifest lists every committed episode per
@@ -125,11 +123,7 @@ export function rolloutPath(key: CaptureKey, path: string): string {
 // --- other identifiers -----------------------------------------------------------------
 
 /** Checkpoint IDs: 1–128 chars of the ID pattern (§4). */
-export const CheckpointIdSchema = z
-  .string()
-  .min(1)
-  .max(128)
-  .regex(ID_PATTERN, 'checkpoint_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$');
+export const CheckpointIdSchema = z.string().min(1).max(128).regex(ID_PATTERN, 'checkpoint_id must match ^[A-Za-z0-9][A-Za-z0-9._-]*$');
 
 /** Kind and instance become path components of the storage layout (§9.1). */
 export function isSafePathComponent(s: string): boolean {

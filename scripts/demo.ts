@@ -101,9 +101,18 @@ async function main(): Promise<void> {
   await waitForLine(worker, /worker: polling/, 120_000);
   say('controller worker up');
 
-  const runName = `demo-${new Date().toISOString().replace(/[-:T.Z]/g, '').slice(0, 14)}`;
+  const runName = `demo-${new Date()
+    .toISOString()
+    .replace(/[-:T.Z]/g, '')
+    .slice(0, 14)}`;
   const config = RunConfigSchema.parse({
-    run: { name: runName, gym_run_dir: gymDir, checkpoint_dir: join(demoDir, 'checkpoints', runName), task_queue: taskQueue, rollout_task_queue: `${taskQueue}-run` },
+    run: {
+      name: runName,
+      gym_run_dir: gymDir,
+      checkpoint_dir: join(demoDir, 'checkpoints', runName),
+      task_queue: taskQueue,
+      rollout_task_queue: `${taskQueue}-run`,
+    },
     grpo: { num_prompts_per_step: 4, num_generations_per_prompt: 4, max_num_steps: 10, tasksets: ['counter', 'weather', 'genrm'] },
     async_rl: { max_in_flight_groups: 8, rollout_timeout_s: 600 },
     checkpointing: { enabled: true, save_period: 1 },
@@ -126,7 +135,9 @@ async function main(): Promise<void> {
       .then((s) => {
         last = s;
         const r = s.rewardPerStep.length ? s.rewardPerStep[s.rewardPerStep.length - 1]!.toFixed(2) : '—';
-        say(`step ${s.steps}/10  reward ${r}  in flight ${s.inFlight}  completed ${s.completedRollouts}  checkpoints ${s.checkpoints.filter((c) => c.outcome === 'completed').length}  [${s.phase}]`);
+        say(
+          `step ${s.steps}/10  reward ${r}  in flight ${s.inFlight}  completed ${s.completedRollouts}  checkpoints ${s.checkpoints.filter((c) => c.outcome === 'completed').length}  [${s.phase}]`,
+        );
       })
       .catch(() => undefined);
   }, 2_000);
@@ -199,7 +210,9 @@ async function main(): Promise<void> {
   writeFileSync(join(demoDir, 'summary.json'), `${JSON.stringify(out, null, 2)}\n`);
   console.log('\n=== demo summary ===');
   console.log(`reward per step:        ${out.reward_per_step.join('  ')}`);
-  console.log(`checkpoints published:  ${out.checkpoints_published} (failed: ${out.checkpoints_failed}${failed.length ? ` — ${out.checkpoint_failure_reasons.join(', ')}` : ''})`);
+  console.log(
+    `checkpoints published:  ${out.checkpoints_published} (failed: ${out.checkpoints_failed}${failed.length ? ` — ${out.checkpoint_failure_reasons.join(', ')}` : ''})`,
+  );
   console.log(`crashes:                Gym ×${out.gym_crashes} (every process SIGKILLed), worker ×${out.worker_crashes}`);
   console.log(`after the Gym crash:    ${out.episodes_continued} episodes continued from their saved turn, ${out.episodes_restarted} restarted from input`);
   console.log(`model calls saved:      ${out.model_calls_saved_by_continuing} (made before the crash and not made again)`);

@@ -126,7 +126,10 @@ export async function waitForLlama(opts = {}) {
     }
     if (s.state === 'failed') throw new Error(`the llama.cpp server build failed: ${s.error}\n--- ${p.logFile} (tail)\n${logTail(p.logFile)}`);
     if (s.state === 'ready') throw new Error(`${p.statusFile} says ready, but ${s.python} or ${s.model} is missing: delete it and run \`npm run bootstrap\``);
-    if (!alive(s.pid)) throw new Error(`the llama.cpp server build (pid ${s.pid}) stopped without finishing: run \`npm run bootstrap\` to start it again\n--- ${p.logFile} (tail)\n${logTail(p.logFile, 10)}`);
+    if (!alive(s.pid))
+      throw new Error(
+        `the llama.cpp server build (pid ${s.pid}) stopped without finishing: run \`npm run bootstrap\` to start it again\n--- ${p.logFile} (tail)\n${logTail(p.logFile, 10)}`,
+      );
     if (Date.now() > deadline) throw new Error(`the llama.cpp server build (pid ${s.pid}, started ${s.started_at}) is still running; see ${p.logFile}`);
     if (Date.now() - lastNote >= 60_000) {
       lastNote = Date.now();

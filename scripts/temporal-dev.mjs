@@ -243,10 +243,7 @@ async function startDevServerOnce(options) {
         if (exitInfo || pid === undefined) return;
         killGroup(pid, 'SIGTERM');
         let timer;
-        const graceful = await Promise.race([
-          exited.then(() => true),
-          new Promise((r) => (timer = setTimeout(() => r(false), timeoutMs))),
-        ]);
+        const graceful = await Promise.race([exited.then(() => true), new Promise((r) => (timer = setTimeout(() => r(false), timeoutMs)))]);
         clearTimeout(timer);
         if (!graceful) {
           killGroup(pid, 'SIGKILL');
@@ -308,7 +305,9 @@ async function startDevServerOnce(options) {
     const log = server.logFile ? readTail(server.logFile) : '';
     const ownLog = server.logFile ? readFrom(server.logFile, logStart) : '';
     const raced = exitInfo && /bind: address already in use/.test(ownLog) && (await isPortFree(port));
-    throw new (raced ? PortRaceError : Error)(`${err.message}\ncommand: ${cli} ${args.join(' ')}${log ? `\nlast server output (${server.logFile}):\n${log}` : ''}`);
+    throw new (raced ? PortRaceError : Error)(
+      `${err.message}\ncommand: ${cli} ${args.join(' ')}${log ? `\nlast server output (${server.logFile}):\n${log}` : ''}`,
+    );
   }
 }
 

@@ -33,7 +33,9 @@ export async function loadServerModule(name: string, entry: ServerEntry): Promis
   const type = serverTypeOf(entry);
   const load = MODULES[`${entry.kind}:${type}`];
   if (!load) {
-    const known = Object.keys(MODULES).filter((k) => k.startsWith(`${entry.kind}:`)).map((k) => k.split(':')[1]);
+    const known = Object.keys(MODULES)
+      .filter((k) => k.startsWith(`${entry.kind}:`))
+      .map((k) => k.split(':')[1]);
     throw new ConfigError(`servers.${name}.type`, `unknown ${entry.kind} server type '${type}' (known: ${known.join(', ')})`);
   }
   return (await load()).default;

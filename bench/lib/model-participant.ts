@@ -45,9 +45,11 @@ export async function newParticipant(captureDir: string): Promise<{ participant:
 /** Runs `fn` over items with bounded concurrency. */
 export async function forEachLimit<T>(items: readonly T[], limit: number, fn: (x: T) => Promise<void>): Promise<void> {
   let next = 0;
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, async () => {
-    while (next < items.length) await fn(items[next++]!);
-  }));
+  await Promise.all(
+    Array.from({ length: Math.min(limit, items.length) }, async () => {
+      while (next < items.length) await fn(items[next++]!);
+    }),
+  );
 }
 
 /** Flushes dirty pages (best effort): a restore does not normally follow right after writing 10^5 files. */

@@ -32,9 +32,10 @@ export const RESULTS_DIR = path.join(BENCH_DIR, 'results');
 export function machine(): Machine {
   let commit: string | null = null;
   try {
-    commit = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: BENCH_DIR, stdio: ['ignore', 'pipe', 'ignore'] })
-      .toString()
-      .trim() || null;
+    commit =
+      execFileSync('git', ['rev-parse', 'HEAD'], { cwd: BENCH_DIR, stdio: ['ignore', 'pipe', 'ignore'] })
+        .toString()
+        .trim() || null;
   } catch {
     commit = null;
   }
@@ -70,7 +71,10 @@ export function printTable(rows: Row[], out: (line: string) => void = (l) => con
   const width = cols.map((c) => Math.max(c.length, ...rows.map((r) => cell(r[c]).length)));
   const numeric = cols.map((c) => rows.every((r) => r[c] === undefined || r[c] === null || typeof r[c] === 'number'));
   const fmt = (vals: string[]) =>
-    vals.map((v, i) => (numeric[i] ? v.padStart(width[i]!) : v.padEnd(width[i]!))).join('  ').trimEnd();
+    vals
+      .map((v, i) => (numeric[i] ? v.padStart(width[i]!) : v.padEnd(width[i]!)))
+      .join('  ')
+      .trimEnd();
   out(fmt(cols));
   out(fmt(width.map((w) => '-'.repeat(w))));
   for (const r of rows) out(fmt(cols.map((c) => cell(r[c]))));

@@ -87,7 +87,8 @@ export interface AnchorListing {
 export function checkRetention(anchors: readonly AnchorListing[], keepLatestK: number): string[] {
   const out: string[] = [];
   const total = anchors.reduce((n, a) => n + a.snapshots.length, 0);
-  if (total > keepLatestK) out.push(`${total} snapshots kept (keep_latest_k ${keepLatestK}): ${anchors.flatMap((a) => a.snapshots.map((s) => `${a.anchor}/${s}`)).join(', ')}`);
+  if (total > keepLatestK)
+    out.push(`${total} snapshots kept (keep_latest_k ${keepLatestK}): ${anchors.flatMap((a) => a.snapshots.map((s) => `${a.anchor}/${s}`)).join(', ')}`);
   const bootstrap = anchors.find((a) => a.anchor === 'bootstrap');
   if (bootstrap?.snapshots.length && anchors.some((a) => a.anchor !== 'bootstrap' && a.durable)) {
     out.push(`bootstrap snapshots left after a durable step anchor: ${bootstrap.snapshots.join(', ')}`);

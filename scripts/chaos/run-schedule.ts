@@ -76,7 +76,9 @@ function writeDeployment(file: string): void {
 /** The Gym servers a fault may hit: every server but the inference backend. */
 export function gymServers(): string[] {
   const doc = parseDocument(readFileSync(join(projectRoot, 'examples/gym.yaml'), 'utf8')).toJS() as { servers: Record<string, { kind: string }> };
-  return Object.entries(doc.servers).filter(([, s]) => s.kind !== 'inference').map(([name]) => name);
+  return Object.entries(doc.servers)
+    .filter(([, s]) => s.kind !== 'inference')
+    .map(([name]) => name);
 }
 
 function runConfig(schedule: Schedule, dir: string): RunConfig {
@@ -89,7 +91,12 @@ function runConfig(schedule: Schedule, dir: string): RunConfig {
       rollout_task_queue: `${CHAOS_TASK_QUEUE}-run`,
       seed: schedule.seed,
     },
-    grpo: { num_prompts_per_step: PROMPTS_PER_STEP, num_generations_per_prompt: GENERATIONS_PER_PROMPT, max_num_steps: schedule.steps, tasksets: ['counter', 'weather', 'genrm'] },
+    grpo: {
+      num_prompts_per_step: PROMPTS_PER_STEP,
+      num_generations_per_prompt: GENERATIONS_PER_PROMPT,
+      max_num_steps: schedule.steps,
+      tasksets: ['counter', 'weather', 'genrm'],
+    },
     async_rl: { max_in_flight_groups: 8, rollout_timeout_s: 600 },
     checkpointing: { enabled: true, save_period: 1 },
     rollout_checkpointing: { snapshot_attempt_interval_s: 3, keep_latest_k: KEEP_LATEST_K, gym: { prepare_timeout_s: 30 } },
@@ -190,11 +197,16 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
     const timedOut = await Promise.race([finished.then(() => false), delay(FINISH_TIMEOUT_MS).then(() => true)]);
     if (timedOut) {
       const status = await handle.query(runStatus).catch(() => undefined);
-      violations.push(`the run did not finish within ${FINISH_TIMEOUT_MS / 1000} s of the last fault (${status ? `${status.phase}, step ${status.steps}, ${status.inFlight} in flight` : 'no status'})`);
+      violations.push(
+        `the run did not finish within ${FINISH_TIMEOUT_MS / 1000} s of the last fault (${status ? `${status.phase}, step ${status.steps}, ${status.inFlight} in flight` : 'no status'})`,
+      );
       await handle.terminate('chaos: did not finish').catch(() => undefined);
       // Its attempts outlive it (ABANDON): they must not run on into the next schedule.
       for await (const wf of world.client.workflow.list({ query: `WorkflowId STARTS_WITH '${cfg.run.name}/' AND ExecutionStatus = 'Running'` })) {
-        await world.client.workflow.getHandle(wf.workflowId).terminate('chaos: the run did not finish').catch(() => undefined);
+        await world.client.workflow
+          .getHandle(wf.workflowId)
+          .terminate('chaos: the run did not finish')
+          .catch(() => undefined);
       }
     }
     await Promise.all(racing);
@@ -260,7 +272,12 @@ async function nextCheckpointAttempt(workflowId: string, world: ChaosWorld, over
   while (!over()) {
     let res;
     try {
-      res = await world.client.workflowService.getWorkflowExecutionHistory({ namespace: 'default', execution: { workflowId }, nextPageToken: token, waitNewEvent: true });
+      res = await world.client.workflowService.getWorkflowExecutionHistory({
+        namespace: 'default',
+        execution: { workflowId },
+        nextPageToken: token,
+        waitNewEvent: true,
+      });
     } catch {
       await delay(500); // the dev server may be down: it comes back
       continue;
@@ -308,7 +325,9 @@ async function checkEverything(schedule: Schedule, cfg: RunConfig, opts: Schedul
   const statuses: ParticipantStatus[] = [];
   for (const [name, e] of Object.entries(endpoints)) {
     if (e.kind === 'inference') continue;
-    const r = await fetch(`${e.url}/ng-control/v1/checkpoint/status`, { headers: { authorization: `Bearer ${opts.controlToken}` } }).catch((err: unknown) => err as Error);
+    const r = await fetch(`${e.url}/ng-control/v1/checkpoint/status`, { headers: { authorization: `Bearer ${opts.controlToken}` } }).catch(
+      (err: unknown) => err as Error,
+    );
     if (r instanceof Error) {
       out.push(`${name}: status unreachable (${r.message})`);
       continue;
@@ -322,7 +341,9 @@ async function checkEverything(schedule: Schedule, cfg: RunConfig, opts: Schedul
   for (const a of anchors) {
     for (const s of a.snapshots) {
       const snapshotDir = join(cfg.run.checkpoint_dir, a.anchor, 'rollout_snapshots', s);
-      await validateSnapshot({ dir: snapshotDir }).catch((err: unknown) => out.push(`${a.anchor}/${s} does not validate: ${(err as Error).message.slice(0, 300)}`));
+      await validateSnapshot({ dir: snapshotDir }).catch((err: unknown) =>
+        out.push(`${a.anchor}/${s} does not validate: ${(err as Error).message.slice(0, 300)}`),
+      );
     }
   }
   out.push(...checkRetention(anchors, cfg.rollout_checkpointing.keep_latest_k));
@@ -335,7 +356,11 @@ function listAnchors(checkpointDir: string): AnchorListing[] {
     .filter((e) => e.isDirectory() && (e.name === 'bootstrap' || /^step_\d+$/.test(e.name)))
     .map((e) => {
       const root = join(checkpointDir, e.name, 'rollout_snapshots');
-      const snapshots = existsSync(root) ? readdirSync(root).filter((n) => /^snapshot_\d{6,}$/.test(n)).sort() : [];
+      const snapshots = existsSync(root)
+        ? readdirSync(root)
+            .filter((n) => /^snapshot_\d{6,}$/.test(n))
+            .sort()
+        : [];
       return { anchor: e.name, durable: existsSync(join(checkpointDir, e.name, 'trainer.json')), snapshots };
     });
 }

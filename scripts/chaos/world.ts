@@ -94,7 +94,17 @@ export class ChaosWorld {
     const logFile = join(this.opts.dir, 'worker.log');
     return spawnGroup({
       command: process.execPath,
-      args: ['--import', 'tsx', join(projectRoot, 'worker.ts'), '--address', this.server.address, '--task-queue', CHAOS_TASK_QUEUE, '--rollout-task-queue', `${CHAOS_TASK_QUEUE}-run`],
+      args: [
+        '--import',
+        'tsx',
+        join(projectRoot, 'worker.ts'),
+        '--address',
+        this.server.address,
+        '--task-queue',
+        CHAOS_TASK_QUEUE,
+        '--rollout-task-queue',
+        `${CHAOS_TASK_QUEUE}-run`,
+      ],
       env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken },
       cwd: projectRoot,
       onLine: (line) => appendFileSync(logFile, `${line}\n`),

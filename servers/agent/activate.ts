@@ -33,9 +33,7 @@ export async function handleActivation(core: AgentCore, req: ActivationRequest):
   const tracked = core.checkpointing && r?.episode && (req.sessionKey === undefined || core.mode === 'restart_only');
   if (!tracked) return req.sessionKey === undefined ? directCall(core, req, undefined) : activateSession(core, req, undefined);
   // Restarts: tracked by capture key, never parked, cancelled by a retire.
-  return core.inflight.run(r.key, r.episode!, (signal) =>
-    req.sessionKey === undefined ? directCall(core, req, signal) : activateSession(core, req, signal),
-  );
+  return core.inflight.run(r.key, r.episode!, (signal) => (req.sessionKey === undefined ? directCall(core, req, signal) : activateSession(core, req, signal)));
 }
 
 async function activateSession(core: AgentCore, req: ActivationRequest, requestSignal: AbortSignal | undefined): Promise<CompletedReply> {
@@ -90,14 +88,7 @@ export function cancelActivation(running: RunningActivation, reason: unknown): v
   running.controller.abort(reason);
 }
 
-function startActivation(
-  core: AgentCore,
-  s: AgentSession,
-  index: number,
-  keepReply: boolean,
-  req: ActivationRequest,
-  tools: ChatTool[],
-): RunningActivation {
+function startActivation(core: AgentCore, s: AgentSession, index: number, keepReply: boolean, req: ActivationRequest, tools: ChatTool[]): RunningActivation {
   // An activation continued from a restored boundary was counted before the crash: same index, same ID.
   const continuing = s.continuation !== null && index === s.activations;
   const id = invocationId(index);
@@ -163,7 +154,13 @@ async function runActivation(
     if (s.grant) s.resourcesCookies = out.state.resources_server_cookies;
     s.observations = withActivation(
       s.observations,
-      { invocation_id: running.invocationId, activation: running.index, turns: out.state.turns, tool_records: out.state.tool_records, model_calls: out.state.model_calls },
+      {
+        invocation_id: running.invocationId,
+        activation: running.index,
+        turns: out.state.turns,
+        tool_records: out.state.tool_records,
+        model_calls: out.state.model_calls,
+      },
       out.state.gaps,
     );
     const reply: CompletedReply = { response, cookies: {} };
@@ -172,7 +169,12 @@ async function runActivation(
     return reply;
   } catch (err) {
     if (signal.aborted) {
-      s.observations = withGap(s.observations, { kind: 'cancelled', invocation_id: running.invocationId, activation: running.index, reason: reasonText(signal.reason) });
+      s.observations = withGap(s.observations, {
+        kind: 'cancelled',
+        invocation_id: running.invocationId,
+        activation: running.index,
+        reason: reasonText(signal.reason),
+      });
     }
     throw err;
   } finally {
@@ -195,7 +197,16 @@ async function directCall(core: AgentCore, req: ActivationRequest, signal: Abort
     signal: sig,
     boundary: async () => sig.throwIfAborted(),
     callModel: (messages, state) =>
-      callModel({ modelUrl: core.modelUrl, rollout, messages, tools, params: req.body, cookies: state.model_server_cookies, step: state.step + 1, signal: sig }),
+      callModel({
+        modelUrl: core.modelUrl,
+        rollout,
+        messages,
+        tools,
+        params: req.body,
+        cookies: state.model_server_cookies,
+        step: state.step + 1,
+        signal: sig,
+      }),
     callTool: (call, state) => callTool({ grant: null, rollout, call, cookies: state.resources_server_cookies, signal: sig }),
   });
   const response = buildResponse({ id: responseId(undefined, 1), state: out.state, incomplete: out.incomplete, trajectory: trajectoryOf('root', out.state) });

@@ -25,7 +25,7 @@ export interface ActivationCounters {
 /** The header's value: undefined when absent; a refusal when not a positive decimal integer. */
 export function parseActivationIndex(header: string | string[] | undefined): number | undefined {
   if (header === undefined) return undefined;
-  const text = Array.isArray(header) ? header[0] ?? '' : header;
+  const text = Array.isArray(header) ? (header[0] ?? '') : header;
   const trimmed = text.trim();
   const n = /^[0-9]+$/.test(trimmed) ? Number(trimmed) : NaN;
   if (!Number.isSafeInteger(n) || n < 1) {

@@ -111,7 +111,12 @@ function withToolCallsNormalized(raw: unknown, step: number): unknown {
       if (!isObject(t)) return t;
       const fn = isObject(t.function) ? t.function : {};
       const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments ?? {});
-      return { ...t, id: typeof t.id === 'string' && t.id ? t.id : `call_${step}_${i}`, type: 'function', function: { ...fn, name: typeof fn.name === 'string' ? fn.name : '', arguments: args } };
+      return {
+        ...t,
+        id: typeof t.id === 'string' && t.id ? t.id : `call_${step}_${i}`,
+        type: 'function',
+        function: { ...fn, name: typeof fn.name === 'string' ? fn.name : '', arguments: args },
+      };
     });
     return { ...c, message: { ...c.message, tool_calls: calls } };
   });

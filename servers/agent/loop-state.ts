@@ -1,13 +1,7 @@
 // The turn loop's state (`SimpleAgentLoopState`, participants.md §3.3): what a boundary pins and a
 // checkpoint exports, and what a restored session continues from.
 import { z } from 'zod';
-import {
-  OutputItemSchema,
-  ResponsesUsageSchema,
-  type FunctionCallItem,
-  type OutputItem,
-  type ResponsesUsage,
-} from './wire.js';
+import { OutputItemSchema, ResponsesUsageSchema, type FunctionCallItem, type OutputItem, type ResponsesUsage } from './wire.js';
 
 export interface LoopState {
   /** Model calls made so far in this activation. */

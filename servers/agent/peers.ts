@@ -75,7 +75,8 @@ export async function callModel(call: ModelCall): Promise<ModelTurn & { cookies:
     throw new UpstreamError('model_error', `model call failed: ${(err as Error).message}`);
   }
   if (reply.status < 200 || reply.status >= 300) {
-    if (errorCodeOf(reply.body) === 'backend_rejected' && REJECTED_TURN_STATUSES.has(reply.status)) return { ...rejectedTurn(reply.status, reply.body, call.step), cookies: reply.cookies };
+    if (errorCodeOf(reply.body) === 'backend_rejected' && REJECTED_TURN_STATUSES.has(reply.status))
+      return { ...rejectedTurn(reply.status, reply.body, call.step), cookies: reply.cookies };
     throw passOn(reply.status, reply.body) ?? new UpstreamError('model_error', `model server answered HTTP ${reply.status}: ${brief(reply.body)}`);
   }
   try {

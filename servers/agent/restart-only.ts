@@ -36,7 +36,10 @@ export function restartOnlyHooks(core: AgentCore): ParticipantHooks {
     },
     async install(req) {
       if (req.records.length > 0) {
-        throw refuse('checkpoint_error', `agent '${core.name}' is restart-only (checkpoint_sessions_supported: false) and cannot restore ${req.records.length} records`);
+        throw refuse(
+          'checkpoint_error',
+          `agent '${core.name}' is restart-only (checkpoint_sessions_supported: false) and cannot restore ${req.records.length} records`,
+        );
       }
       return [];
     },

@@ -36,7 +36,8 @@ export function seedEpisode(core: AgentCore, body: SeedRequest, prefix: RolloutP
     throw refuse('invalid_request', `episode_id ${JSON.stringify(body.episode_id)} does not match the prefix '${prefix!.key}'`);
   }
   const episode = body.episode_id ?? fromPrefix ?? null;
-  if (core.checkpointing && !episode) throw refuse('rollout_id_required', 'a seed needs an episode_id (or a /ng-rollout/<capture key> prefix) while checkpointing is on');
+  if (core.checkpointing && !episode)
+    throw refuse('rollout_id_required', 'a seed needs an episode_id (or a /ng-rollout/<capture key> prefix) while checkpointing is on');
   return episode;
 }
 

@@ -20,7 +20,10 @@ export type DirectHttpGrant = z.infer<typeof DirectHttpGrantSchema>;
 
 /** Any other grant kind (MCP, …): accepted only when not required, and never used. */
 const OtherGrantSchema = z.looseObject({
-  kind: z.string().min(1).refine((k) => k !== 'direct_http'),
+  kind: z
+    .string()
+    .min(1)
+    .refine((k) => k !== 'direct_http'),
   name: z.string().min(1),
   required: z.boolean().default(false),
 });

@@ -38,11 +38,7 @@ export function peerUrl(ctx: ServerContext, peer: string, optionKey: string, kin
  * Mounts the checkpoint control plane for this server when the global block enables it; returns
  * undefined otherwise (then no control routes exist and they answer 404).
  */
-export async function mountParticipant(
-  app: FastifyInstance,
-  ctx: ServerContext,
-  hooks: ParticipantHooks,
-): Promise<ControlPlane | undefined> {
+export async function mountParticipant(app: FastifyInstance, ctx: ServerContext, hooks: ParticipantHooks): Promise<ControlPlane | undefined> {
   if (!ctx.checkpoint.enabled) return undefined;
   const plane = new ControlPlane({
     instance: ctx.name,

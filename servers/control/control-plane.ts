@@ -575,7 +575,12 @@ export class ControlPlane {
     this.admitCleanup(id, 'retire');
     this.marks.markAll(req.episode_ids);
     if (this.phase === 'restored') this.extendLease(req.deadline_ts);
-    if (this.installTask) await boundByDeadline(this.installTask.catch(() => undefined), req.deadline_ts, 'a running install');
+    if (this.installTask)
+      await boundByDeadline(
+        this.installTask.catch(() => undefined),
+        req.deadline_ts,
+        'a running install',
+      );
     // One stop per rollout, through its latest named attempt.
     const latest = new Map<string, EpisodeId>();
     for (const e of req.episode_ids) {

@@ -34,7 +34,10 @@ export class CleanupHandle {
     for (;;) {
       const running = this.entry.running;
       if (running) {
-        await untilAborted(running.catch(() => undefined), bound);
+        await untilAborted(
+          running.catch(() => undefined),
+          bound,
+        );
         continue;
       }
       if (!this.entry.active) return;

@@ -105,4 +105,3 @@ export function genrmAnswerOf(promptId: string, text: string): GenrmAction | und
 function capitalize(s: string): string {
   return s.charAt(0).toUpperCase() + s.slice(1);
 }
-

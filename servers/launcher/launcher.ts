@@ -145,10 +145,17 @@ export interface ServerSelection {
 
 /** The names a selection picks: the named servers, or every one that passes `byDefault`. */
 function selectServers(state: RunState, sel: ServerSelection, byDefault: (name: string, s: ServerState) => boolean): string[] {
-  if (!sel.servers) return Object.entries(state.servers).filter(([name, s]) => byDefault(name, s)).map(([name]) => name);
+  if (!sel.servers)
+    return Object.entries(state.servers)
+      .filter(([name, s]) => byDefault(name, s))
+      .map(([name]) => name);
   const unknown = sel.servers.filter((n) => !state.servers[n]);
   if (unknown.length) {
-    throw new LaunchError(unknown[0]!, `no server ${unknown.map((n) => `'${n}'`).join(', ')} in this deployment (it has ${Object.keys(state.servers).join(', ')})`, '');
+    throw new LaunchError(
+      unknown[0]!,
+      `no server ${unknown.map((n) => `'${n}'`).join(', ')} in this deployment (it has ${Object.keys(state.servers).join(', ')})`,
+      '',
+    );
   }
   return [...new Set(sel.servers)];
 }
@@ -284,7 +291,13 @@ function stopNames(state: RunState, names: string[], graceMs: number): Promise<u
 function logTail(file: string, from: number, lines = 40): string {
   try {
     const text = readFileSync(file).subarray(from).toString('utf8');
-    return text.split('\n').slice(-lines - 1).join('\n').trimEnd() || '(empty)';
+    return (
+      text
+        .split('\n')
+        .slice(-lines - 1)
+        .join('\n')
+        .trimEnd() || '(empty)'
+    );
   } catch {
     return '(no log)';
   }

@@ -67,11 +67,7 @@ export function spawnGroup(opts: SpawnGroupOptions): GroupProcess {
 }
 
 /** Waits for a line matching `pattern` (returns its match) or fails on exit/timeout. */
-export function waitForLine(
-  proc: GroupProcess,
-  pattern: RegExp,
-  timeoutMs = 30_000,
-): Promise<RegExpMatchArray> {
+export function waitForLine(proc: GroupProcess, pattern: RegExp, timeoutMs = 30_000): Promise<RegExpMatchArray> {
   return new Promise((resolve, reject) => {
     const lines: string[] = [];
     const t = setTimeout(() => reject(new Error(`no line matching ${pattern} within ${timeoutMs} ms:\n${lines.slice(-20).join('\n')}`)), timeoutMs);

@@ -68,9 +68,7 @@ function removeFrom(index: Map<string, Set<CaptureKey>>, key: CaptureKey): void 
 }
 
 function unlinkQuiet(file: string): Promise<void> {
-  return new Promise((resolve, reject) =>
-    unlink(file, (err) => (err && err.code !== 'ENOENT' ? reject(err) : resolve())),
-  );
+  return new Promise((resolve, reject) => unlink(file, (err) => (err && err.code !== 'ENOENT' ? reject(err) : resolve())));
 }
 
 function writeFileCb(file: string, data: string): Promise<void> {
@@ -277,7 +275,9 @@ export class CaptureLedger {
     const io = new Slots(IO_CONCURRENCY);
     // Chained per key now, so an append can never overtake its key's import.
     const writes = imported.map(({ key, rows }) =>
-      this.chain(key, () => writeAfter.then(() => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join(''))))),
+      this.chain(key, () =>
+        writeAfter.then(() => io.run(() => writeFileCb(ledgerPath(this.captureDir, key), rows.map((r) => `${JSON.stringify(r)}\n`).join('')))),
+      ),
     );
     const materialized = Promise.all(writes).then(() => unlinkQuiet(journalFile));
     materialized.catch(() => undefined);

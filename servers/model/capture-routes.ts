@@ -9,7 +9,10 @@ import type { ModelParticipant } from './participant.js';
 
 export const CAPTURE_MANIFEST_ROUTE = '/training-token-capture/control/rollouts/:key/manifest';
 
-export function registerCaptureRoutes(app: FastifyInstance, opts: { participant: ModelParticipant; token: string; isRetired: (e: EpisodeId) => boolean }): void {
+export function registerCaptureRoutes(
+  app: FastifyInstance,
+  opts: { participant: ModelParticipant; token: string; isRetired: (e: EpisodeId) => boolean },
+): void {
   app.get<{ Params: { key: string } }>(CAPTURE_MANIFEST_ROUTE, async (req) => {
     if (!opts.token || !bearerMatches(req.headers.authorization, opts.token)) throw refuse('unauthorized', 'missing or wrong bearer token');
     const key = req.params.key;

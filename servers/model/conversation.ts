@@ -32,7 +32,10 @@ export function normalizeMessage(raw: unknown): NormalizedMessage {
   if (calls.length) {
     out.tool_calls = calls.map((c) => {
       const fn: Record<string, unknown> = isObject(c) && isObject(c.function) ? c.function : {};
-      return { name: typeof fn.name === 'string' ? fn.name : '', arguments: typeof fn.arguments === 'string' ? fn.arguments : canonicalJson(fn.arguments ?? null) };
+      return {
+        name: typeof fn.name === 'string' ? fn.name : '',
+        arguments: typeof fn.arguments === 'string' ? fn.arguments : canonicalJson(fn.arguments ?? null),
+      };
     });
   }
   if (typeof m.tool_call_id === 'string') out.tool_call_id = m.tool_call_id;

@@ -137,7 +137,12 @@ export function validateReceipt(inv: GenerationCutInventory, raw: unknown): CutO
     if (!want) throw new InvalidReceiptError(`ack for unknown ticket ${ack.ticket_id}`);
     if (seen.has(ack.ticket_id)) throw new InvalidReceiptError(`ticket ${ack.ticket_id} acked twice`);
     seen.add(ack.ticket_id);
-    if (ack.rollout_id !== want.rollout_id || ack.attempt !== want.attempt || ack.model_call_id !== want.model_call_id || ack.admitted_at !== want.admitted_at) {
+    if (
+      ack.rollout_id !== want.rollout_id ||
+      ack.attempt !== want.attempt ||
+      ack.model_call_id !== want.model_call_id ||
+      ack.admitted_at !== want.admitted_at
+    ) {
       throw new InvalidReceiptError(`ticket ${ack.ticket_id}: identity differs from the inventory`);
     }
     if (ack.disposition === 'durable_failure') {
@@ -187,5 +192,7 @@ function durableFields(ack: GenerationCutPrefixAck): Omit<GenerationCutContinuat
 
 /** `prefix_digest` of a staged prefix: SHA-256 of the canonical `{prompt_token_ids, token_ids}`. */
 export function prefixDigest(promptTokenIds: readonly number[], tokenIds: readonly number[]): string {
-  return createHash('sha256').update(canonicalJson({ prompt_token_ids: promptTokenIds, token_ids: tokenIds }), 'utf8').digest('hex');
+  return createHash('sha256')
+    .update(canonicalJson({ prompt_token_ids: promptTokenIds, token_ids: tokenIds }), 'utf8')
+    .digest('hex');
 }

@@ -29,7 +29,10 @@ export const PolicyModelOptionsSchema = z
      */
     backend_api: z.enum(['ng', 'openai']).optional(),
     /** Name of the environment variable holding the backend's API key (sent as a bearer token). */
-    api_key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+    api_key_env: z
+      .string()
+      .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name')
+      .optional(),
     /** The backend's name of the model (the request's `model`); required with `backend_api: openai`. */
     served_model: z.string().min(1).optional(),
     /** Fields merged into every generation request to a third-party backend (e.g. `{return_token_ids: true}` for vLLM). */
@@ -56,7 +59,11 @@ export const PolicyModelOptionsSchema = z
     }
     const api = o.backend_api ?? 'ng';
     if (o.checkpoint_generation_cuts && api !== 'ng') {
-      ctx.addIssue({ code: 'custom', path: ['checkpoint_generation_cuts'], message: 'needs a backend that continues a generation from a token prefix (backend_api: ng); an OpenAI-compatible server cannot' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['checkpoint_generation_cuts'],
+        message: 'needs a backend that continues a generation from a token prefix (backend_api: ng); an OpenAI-compatible server cannot',
+      });
     }
     if (api === 'openai' && o.served_model === undefined) {
       ctx.addIssue({ code: 'custom', path: ['served_model'], message: "required with backend_api: openai (the backend's name of the model)" });

@@ -309,7 +309,7 @@ export class ModelParticipant implements GenerationGate {
     // Never after cancellation; once started, the write runs to its end.
     if (t.cancel.signal.aborted) throw t.cancel.signal.reason;
     const first = start.stream ? start.events?.[0] : start.body;
-    const version = start.stream ? (start.events ?? []).map(weightVersionOf).find((v) => v !== null) ?? null : weightVersionOf(start.body);
+    const version = start.stream ? ((start.events ?? []).map(weightVersionOf).find((v) => v !== null) ?? null) : weightVersionOf(start.body);
     const ctx = t.ctx!;
     const row: LedgerRow = {
       model_call_id: t.modelCallId,
@@ -334,21 +334,25 @@ export class ModelParticipant implements GenerationGate {
   private async writeTokens(t: Ticket, tokens: ReplyTokens): Promise<void> {
     if (t.tokensWritten || t.key === undefined) return;
     if (t.cancel.signal.aborted) throw t.cancel.signal.reason;
-    await writeStagedTokens(this.opts.captureDir, {
-      format: TOKEN_STORE_FORMAT,
-      staging_key: stagingKeyOf(t.key, t.modelCallId),
-      capture_key: t.key,
-      model_call_id: t.modelCallId,
-      weight_version: tokens.weightVersion,
-      prompt_token_ids: tokens.promptTokenIds,
-      completion_token_ids: tokens.completionTokenIds,
-      completion_logprobs: tokens.completionLogprobs,
-      finish_reason: tokens.finishReason,
-      complete: tokens.complete,
-      capture: tokens.completionTokenIds !== null ? 'tokens' : 'text',
-      completion_message: tokens.completionMessage ?? null,
-      ...(tokens.promptTokenIds === null && t.messages ? { prompt_messages: t.messages } : {}),
-    }, { dirExists: this.ledger.hasTokens(t.key) });
+    await writeStagedTokens(
+      this.opts.captureDir,
+      {
+        format: TOKEN_STORE_FORMAT,
+        staging_key: stagingKeyOf(t.key, t.modelCallId),
+        capture_key: t.key,
+        model_call_id: t.modelCallId,
+        weight_version: tokens.weightVersion,
+        prompt_token_ids: tokens.promptTokenIds,
+        completion_token_ids: tokens.completionTokenIds,
+        completion_logprobs: tokens.completionLogprobs,
+        finish_reason: tokens.finishReason,
+        complete: tokens.complete,
+        capture: tokens.completionTokenIds !== null ? 'tokens' : 'text',
+        completion_message: tokens.completionMessage ?? null,
+        ...(tokens.promptTokenIds === null && t.messages ? { prompt_messages: t.messages } : {}),
+      },
+      { dirExists: this.ledger.hasTokens(t.key) },
+    );
     this.ledger.noteTokens(t.key);
     t.tokensWritten = true;
   }
@@ -393,7 +397,13 @@ export class ModelParticipant implements GenerationGate {
     const inventory = buildInventory(
       checkpointId,
       this.opts.serverName,
-      cuttable.map((t) => ({ ticket_id: t.id, rollout_id: t.episode!.rollout_id, attempt: t.episode!.attempt, model_call_id: t.modelCallId, admitted_at: t.admittedAt })),
+      cuttable.map((t) => ({
+        ticket_id: t.id,
+        rollout_id: t.episode!.rollout_id,
+        attempt: t.episode!.attempt,
+        model_call_id: t.modelCallId,
+        admitted_at: t.admittedAt,
+      })),
     );
     const deadline = this.prepareDeadline?.checkpointId === checkpointId ? this.prepareDeadline.deadlineTs : undefined;
     const timeoutMs = deadline !== undefined ? Math.max(1, (deadline * 1000 - Date.now()) / 2) : (this.opts.defaultCutTimeoutMs ?? 5_000);
@@ -597,7 +607,9 @@ export class ModelParticipant implements GenerationGate {
       this.restoredCuts.delete(targetKey);
       const rec = records.get(key);
       // Stamp each row with the capture key it was staged under (a restored row keeps it).
-      const rows = rec ? ((rec.rows as LedgerRow[] | undefined) ?? []).map((r) => (typeof r.capture_key === 'string' ? r : { ...r, capture_key: key })) : undefined;
+      const rows = rec
+        ? ((rec.rows as LedgerRow[] | undefined) ?? []).map((r) => (typeof r.capture_key === 'string' ? r : { ...r, capture_key: key }))
+        : undefined;
       entries.push({ rolloutId: e.rollout_id, targetKey, rows, retireUpTo: e.attempt });
       if (rec) {
         const cut = (rec.generation_cuts as GenerationCut[] | undefined)?.[0];
@@ -723,4 +735,3 @@ async function forEachLimit<T>(items: readonly T[], limit: number, fn: (item: T)
   };
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
 }
-

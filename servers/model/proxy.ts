@@ -29,16 +29,7 @@ export const GENERATION_ROUTES = ['/v1/chat/completions'] as const;
 const ChatRequestSchema = z.looseObject({ messages: z.array(z.unknown()) });
 
 /** Hop-by-hop headers belong to one connection and are never relayed. */
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'transfer-encoding',
-  'te',
-  'trailer',
-  'upgrade',
-  'proxy-authenticate',
-  'proxy-authorization',
-]);
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'proxy-authenticate', 'proxy-authorization']);
 
 export { backendRootOf } from './backend.js';
 
@@ -120,7 +111,10 @@ async function generate(req: FastifyRequest, reply: FastifyReply, route: string,
     await deliverOrFail(admitted, { status: upstream.status, stream: false, ...(body !== undefined ? { body } : {}) });
     if (ok) await completeOrFail(admitted, tokensOfCompletion(body));
     if (upstream.status === 404 && opts.backend.api === 'ng' && call.key !== undefined) {
-      req.log.warn({ backend: opts.backend.root }, 'the backend has no route under /ng-rollout/<key>: a third-party OpenAI-compatible server needs backend_api: openai');
+      req.log.warn(
+        { backend: opts.backend.root },
+        'the backend has no route under /ng-rollout/<key>: a third-party OpenAI-compatible server needs backend_api: openai',
+      );
     }
     if (!ok && opts.backend.api === 'openai') {
       const failure = mapBackendError(upstream.status, buf);
@@ -200,7 +194,11 @@ function parseJson(buf: Buffer): unknown {
 }
 
 /** Sends the call to the backend (ours: under the same prefix). */
-function forward(req: FastifyRequest, backend: Backend, init: { method: 'GET' | 'POST'; body?: Record<string, unknown>; signal: AbortSignal }): Promise<Upstream> {
+function forward(
+  req: FastifyRequest,
+  backend: Backend,
+  init: { method: 'GET' | 'POST'; body?: Record<string, unknown>; signal: AbortSignal },
+): Promise<Upstream> {
   return callBackend(backend, {
     method: init.method,
     path: req.url,
@@ -230,7 +228,8 @@ function backendFailed(req: FastifyRequest, reply: FastifyReply, err: unknown, g
     return reply;
   }
   const failure = isProtocolError(err) ? err : refuse('backend_unavailable', `${req.url}: ${(err as Error).message}`);
-  if (failure.code === 'backend_unavailable' || failure.code === 'backend_timeout') req.log.warn({ code: failure.code, detail: failure.detail }, 'the backend did not answer');
+  if (failure.code === 'backend_unavailable' || failure.code === 'backend_timeout')
+    req.log.warn({ code: failure.code, detail: failure.detail }, 'the backend did not answer');
   return reply.code(failure.status).send(failure.toEnvelope());
 }
 

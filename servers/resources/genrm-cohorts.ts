@@ -74,7 +74,8 @@ export class CohortRegistry {
       return fail(409, 'cohort_superseded', `group '${m.groupId}' attempt ${m.attempt} was superseded by attempt ${newest}`);
     }
     if (newest === undefined || m.attempt > newest) {
-      if (newest !== undefined) this.drop(keyOf(m.groupId, newest), fail(503, 'cohort_superseded', `group '${m.groupId}' attempt ${newest} was superseded by attempt ${m.attempt}`));
+      if (newest !== undefined)
+        this.drop(keyOf(m.groupId, newest), fail(503, 'cohort_superseded', `group '${m.groupId}' attempt ${newest} was superseded by attempt ${m.attempt}`));
       this.latest.set(m.groupId, m.attempt);
     }
     const key = keyOf(m.groupId, m.attempt);

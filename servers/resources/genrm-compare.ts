@@ -16,7 +16,9 @@ import { answerText } from './genrm-judge.js';
 export const GenrmCompareOptionsSchema = z.strictObject({
   ...checkpointOptionFields({ mode: 'stateless', verify: 'replay' }),
   // No session state to export; verification that waits would deadlock a checkpoint.
-  checkpoint_mode: z.enum(['stateless', 'restart_only'], { error: "genrm_compare keeps no session state: use 'stateless' or 'restart_only'" }).default('stateless'),
+  checkpoint_mode: z
+    .enum(['stateless', 'restart_only'], { error: "genrm_compare keeps no session state: use 'stateless' or 'restart_only'" })
+    .default('stateless'),
   checkpoint_verify: z.enum(['replay'], { error: "genrm_compare verification must be 'replay' (a member's /verify waits for its siblings)" }).default('replay'),
   num_rollouts_per_prompt: z.number().int().min(1).default(1),
   cohort_collection_timeout_s: z.number().positive().finite().default(1800),

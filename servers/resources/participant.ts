@@ -420,9 +420,7 @@ export class ResourcesParticipant implements ParticipantHooks {
       for (const id of this.retiredByRollout.get(r) ?? []) if (this.sessions.has(id)) left.push(id);
     }
     const wanted = new Set(rolloutIds);
-    const seeds = [...this.seedsInFlight]
-      .filter(([, { episode }]) => wanted.has(episode.rollout_id) && this.isRetired(episode))
-      .map(([k]) => k);
+    const seeds = [...this.seedsInFlight].filter(([, { episode }]) => wanted.has(episode.rollout_id) && this.isRetired(episode)).map(([k]) => k);
     if (left.length || seeds.length) {
       throw refuse(
         'retire_incomplete',

@@ -65,7 +65,13 @@ describe('authentication', () => {
   it('refuses every route without or with a wrong token (401 unauthorized)', async () => {
     const s = await server();
     for (const op of ['status', 'prepare', 'renew', 'commit', 'restore', 'resume', 'retire', 'forget']) {
-      for (const headers of [{} as Record<string, string>, { authorization: 'Bearer nope' }, { authorization: `bearer ${TOKEN}` }, { authorization: `Bearer  ${TOKEN}` }, { authorization: TOKEN }]) {
+      for (const headers of [
+        {} as Record<string, string>,
+        { authorization: 'Bearer nope' },
+        { authorization: `bearer ${TOKEN}` },
+        { authorization: `Bearer  ${TOKEN}` },
+        { authorization: TOKEN },
+      ]) {
         const r = await s.call(op, op === 'status' ? undefined : '{not json', headers);
         expect(r.status, `${op} ${JSON.stringify(headers)}`).toBe(401);
         expect(r.body.error.code).toBe('unauthorized');
@@ -223,7 +229,9 @@ describe('allowed operations per phase (§8.2), same checkpoint ID', () => {
           src.p.upsert('r1', { atBoundary: true, payload: 1 });
           await src.call('prepare', { checkpoint_id: 'SRC', deadline_ts: soon() });
           restoreDir = checkpointDir();
-          expect((await src.call('commit', { checkpoint_id: 'SRC', deadline_ts: soon(), checkpoint_dir: restoreDir, episode_ids: [ep('r1')] })).status).toBe(200);
+          expect((await src.call('commit', { checkpoint_id: 'SRC', deadline_ts: soon(), checkpoint_dir: restoreDir, episode_ids: [ep('r1')] })).status).toBe(
+            200,
+          );
         }
         if (phase === 'preparing' && op === 'prepare') s.p.upsert('r1', { atBoundary: false });
         const bodies: Record<string, unknown> = {
@@ -601,7 +609,9 @@ describe('lease (§8.6)', () => {
     const st = (await s.call('status')).body;
     expect(st).toMatchObject({ phase: 'idle', checkpoint_id: null, lease_expires_at: null });
     expect(s.p.gate.isOpen).toBe(true);
-    expect((await s.call('commit', { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: '/tmp/x', episode_ids: [] })).body.error.code).toBe('stale_checkpoint');
+    expect((await s.call('commit', { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: '/tmp/x', episode_ids: [] })).body.error.code).toBe(
+      'stale_checkpoint',
+    );
   });
 
   it('a failed automatic reopen is retried', async () => {

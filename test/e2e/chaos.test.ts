@@ -37,7 +37,9 @@ describe('npm run chaos, three fixed seeds', () => {
       const schedule = drawSchedule(seed, { servers: gymServers() });
       expect(schedule.faults.map((f) => f.kind)).toEqual(kinds);
       const r = await runSchedule(schedule, { world, dir: join(dir, `seed-${seed}`), controlToken, log: (line) => console.log(`[chaos ${seed}] ${line}`) });
-      console.log(`[chaos ${seed}] ${r.seconds.toFixed(0)} s, recoveries ${r.recoveries}, continued ${r.continued}, restarted ${r.restarted}; ${r.injected.map(describeFault).join('; ')}`);
+      console.log(
+        `[chaos ${seed}] ${r.seconds.toFixed(0)} s, recoveries ${r.recoveries}, continued ${r.continued}, restarted ${r.restarted}; ${r.injected.map(describeFault).join('; ')}`,
+      );
       expect(r.violations).toEqual([]);
       // Every fault fired (none was left for after the run's end).
       expect(r.injected.map((f) => f.kind)).toEqual(kinds);

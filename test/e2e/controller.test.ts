@@ -75,7 +75,10 @@ function config(name: string, taskQueue: string, extra: Partial<Record<string, u
 
 async function metricsOf(cfg: RunConfig): Promise<CheckpointOutcome[]> {
   const text = await readFile(join(cfg.run.checkpoint_dir, 'checkpoint_metrics.jsonl'), 'utf8');
-  return text.trim().split('\n').map((l) => JSON.parse(l) as CheckpointOutcome);
+  return text
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as CheckpointOutcome);
 }
 
 /** Every rollout attempt workflow of the run, by capture key → statuses. */
@@ -96,7 +99,10 @@ async function failedRollouts(run: string): Promise<unknown[]> {
     if (!wf.workflowId.startsWith(`${run}/rollout/`)) continue;
     const memo = (wf.memo ?? {}) as { status?: string };
     if (memo.status === 'completed') continue;
-    const r = await client.workflow.getHandle(wf.workflowId).result().catch((e: unknown) => String(e));
+    const r = await client.workflow
+      .getHandle(wf.workflowId)
+      .result()
+      .catch((e: unknown) => String(e));
     out.push({ id: wf.workflowId, status: wf.status.name, result: r });
   }
   return out;
@@ -148,10 +154,17 @@ describe('controller on the dev server with a real Gym', () => {
     await first.kill();
     // The server starts the child from the run's command: give it a moment to exist.
     let statusWhileDown: WorkflowExecutionDescription | undefined;
-    await waitFor(`${attemptId} to exist`, async () => {
-      statusWhileDown = await client.workflow.getHandle(attemptId).describe().catch(() => undefined);
-      return statusWhileDown !== undefined;
-    }, 5_000);
+    await waitFor(
+      `${attemptId} to exist`,
+      async () => {
+        statusWhileDown = await client.workflow
+          .getHandle(attemptId)
+          .describe()
+          .catch(() => undefined);
+        return statusWhileDown !== undefined;
+      },
+      5_000,
+    );
     expect(statusWhileDown!.status.name).toBe('RUNNING');
 
     const second = startWorkerProcess(tq);
@@ -159,7 +172,11 @@ describe('controller on the dev server with a real Gym', () => {
     const progress = setInterval(() => {
       void handle
         .query(runStatus)
-        .then((s) => console.log(`[e2e-kill] ${s.phase} steps=${s.steps} inFlight=${s.inFlight} done=${s.completedRollouts} ckpts=${s.checkpoints.map((c) => c.reason).join(',')}`))
+        .then((s) =>
+          console.log(
+            `[e2e-kill] ${s.phase} steps=${s.steps} inFlight=${s.inFlight} done=${s.completedRollouts} ckpts=${s.checkpoints.map((c) => c.reason).join(',')}`,
+          ),
+        )
         .catch(() => undefined);
     }, 5_000);
     const summary = await handle.result().finally(() => clearInterval(progress));
@@ -230,7 +247,6 @@ async function post(url: string, body: unknown = {}): Promise<void> {
 }
 
 const backendUrl = (): string => readEndpoints(join(dir, 'gym')).policy_backend!.url;
-
 
 /** SIGKILL every Gym process (the inference backend survives), let held calls go, start fresh ones. */
 async function crashGym(): Promise<void> {
@@ -335,7 +351,10 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       const judged = cohort.map((id) => done.get(id)![0]!.reward!);
       for (const r of judged) expect(r).toBeGreaterThanOrEqual(0);
       for (const r of judged) expect(r).toBeLessThanOrEqual(1);
-      expect(judged.some((r) => r > 0), JSON.stringify(judged)).toBe(true);
+      expect(
+        judged.some((r) => r > 0),
+        JSON.stringify(judged),
+      ).toBe(true);
       expect((await leftovers()).join(' | ')).toBe('');
     }, 180_000);
   }
@@ -387,16 +406,25 @@ describe('a cold restore_mode: latest start', () => {
     const cfgA = config(first, first, trained);
     const a = await startRun(client, cfgA);
     // Park everything after step 2's anchor and its snapshot, then lose the controller and Gym.
-    await waitFor('step 2 with its trainer-boundary snapshot', async () => {
-      const s = await a.query(runStatus);
-      if (process.env.E2E_VERBOSE) console.log(JSON.stringify({ steps: s.steps, ck: s.checkpoints.map((c) => [c.trigger, c.outcome, c.reason, c.snapshotDir]) }));
-      return s.steps >= 2 && s.checkpoints.some((c) => c.trigger === 'trainer_boundary' && c.outcome === 'completed' && c.snapshotDir?.includes('step_2'));
-    }, 120_000);
+    await waitFor(
+      'step 2 with its trainer-boundary snapshot',
+      async () => {
+        const s = await a.query(runStatus);
+        if (process.env.E2E_VERBOSE)
+          console.log(JSON.stringify({ steps: s.steps, ck: s.checkpoints.map((c) => [c.trigger, c.outcome, c.reason, c.snapshotDir]) }));
+        return s.steps >= 2 && s.checkpoints.some((c) => c.trigger === 'trainer_boundary' && c.outcome === 'completed' && c.snapshotDir?.includes('step_2'));
+      },
+      120_000,
+    );
     await post(`${backendUrl()}/_ctl/hold`, { after_calls_per_rollout: 1 });
     // The whole controller side is lost: the run and the attempts it started (they outlive it).
     await a.terminate('e2e: the controller is lost');
     for await (const wf of client.workflow.list({ query: `ExecutionStatus = 'Running'` })) {
-      if (wf.workflowId.startsWith(`${first}/`)) await client.workflow.getHandle(wf.workflowId).terminate('e2e: the controller is lost').catch(() => undefined);
+      if (wf.workflowId.startsWith(`${first}/`))
+        await client.workflow
+          .getHandle(wf.workflowId)
+          .terminate('e2e: the controller is lost')
+          .catch(() => undefined);
     }
     await w1.stop(3_000);
     await crashGym();
@@ -466,7 +494,10 @@ describe('crashes of the controller side', () => {
     const done = await completedAttempts(name);
     expect(done.size).toBe(5 * 2 * 4);
     for (const [rollout, attempts] of done) expect(attempts, rollout).toHaveLength(1);
-    const anchors = (await import('node:fs')).readdirSync(cfg.run.checkpoint_dir).filter((n) => n.startsWith('step_')).sort();
+    const anchors = (await import('node:fs'))
+      .readdirSync(cfg.run.checkpoint_dir)
+      .filter((n) => n.startsWith('step_'))
+      .sort();
     expect(anchors).toEqual(['step_2', 'step_4', 'step_5']);
   }, 240_000);
 });

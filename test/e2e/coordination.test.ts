@@ -121,7 +121,11 @@ describe('coordination over real processes', () => {
       expect(eps[0]!.payload).toEqual({ server: p.name, turn: 3, big: '2^70' });
     }
     // the crashed attempt is fenced everywhere until forget
-    const late = await fetch(`${byName(fresh, 'res1').url}/ng-rollout/r1/step`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+    const late = await fetch(`${byName(fresh, 'res1').url}/ng-rollout/r1/step`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{}',
+    });
     expect(late.status).toBe(409);
     expect(((await late.json()) as { error: { code: string } }).error.code).toBe('stale_attempt');
     await forget(dep, { deadlineTs: deadline(), rolloutIds: ['r1', 'r1'] });

@@ -17,7 +17,18 @@ let dir: string | undefined;
 function worker(address: string, ...extra: string[]): GroupProcess {
   const proc = spawnGroup({
     command: process.execPath,
-    args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', address, '--task-queue', 'connect-test', '--rollout-task-queue', 'connect-test-run', ...extra],
+    args: [
+      '--import',
+      'tsx',
+      join(ROOT, 'worker.ts'),
+      '--address',
+      address,
+      '--task-queue',
+      'connect-test',
+      '--rollout-task-queue',
+      'connect-test-run',
+      ...extra,
+    ],
     env: { ...process.env, GYM_CONTROL_TOKEN: 'connect-test-token' },
     cwd: ROOT,
   });

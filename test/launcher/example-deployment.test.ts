@@ -1,4 +1,3 @@
-
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -18,9 +17,19 @@ afterAll(async () => {
 describe('examples/gym.yaml', () => {
   it('comes up healthy with every server, and down leaves nothing', async () => {
     const d = await upDeployment({ config: EXAMPLE, runDir, env: { GYM_CONTROL_TOKEN: 'example-token', LOG_LEVEL: 'warn' } });
-    expect(Object.keys(d.endpoints).sort()).toEqual(
-      ['counter', 'counter_env', 'genrm', 'genrm_env', 'policy_backend', 'policy_model', 'restart_env', 'simple_agent', 'weather', 'weather_env', 'weather_restart_only'],
-    );
+    expect(Object.keys(d.endpoints).sort()).toEqual([
+      'counter',
+      'counter_env',
+      'genrm',
+      'genrm_env',
+      'policy_backend',
+      'policy_model',
+      'restart_env',
+      'simple_agent',
+      'weather',
+      'weather_env',
+      'weather_restart_only',
+    ]);
     const status = await statusDeployment(runDir);
     expect(status.filter((s) => !s.healthy).map((s) => s.name)).toEqual([]);
     const state = readRunState(runDir);

@@ -49,8 +49,7 @@ function running(pid: number): boolean {
   }
 }
 
-const pids = (): Record<string, number> =>
-  Object.fromEntries(Object.entries(readRunState(runDir).servers).map(([n, s]) => [n, s.pid!]));
+const pids = (): Record<string, number> => Object.fromEntries(Object.entries(readRunState(runDir).servers).map(([n, s]) => [n, s.pid!]));
 
 async function getJson(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
   const res = await request(url, { headers });

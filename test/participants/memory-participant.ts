@@ -47,19 +47,13 @@ export interface MemoryParticipant {
   upsert(key: CaptureKey, patch: Partial<Omit<MemoryEpisode, 'episode'>>): MemoryEpisode;
 }
 
-export function createMemoryParticipant(opts: {
-  instance: string;
-  kind: Kind;
-  leaseGraceSeconds?: number;
-  leaseRetryMs?: number;
-}): MemoryParticipant {
+export function createMemoryParticipant(opts: { instance: string; kind: Kind; leaseGraceSeconds?: number; leaseRetryMs?: number }): MemoryParticipant {
   const episodes = new Map<CaptureKey, MemoryEpisode>();
   const gate = new AdmissionGate();
   const faults: MemoryFaults = {};
   const retiring = new Set<CaptureKey>();
 
-  const live = (carried: ReadonlySet<CaptureKey>): MemoryEpisode[] =>
-    [...episodes.values()].filter((e) => !e.restart && !carried.has(captureKey(e.episode)));
+  const live = (carried: ReadonlySet<CaptureKey>): MemoryEpisode[] => [...episodes.values()].filter((e) => !e.restart && !carried.has(captureKey(e.episode)));
 
   const hooks: ParticipantHooks = {
     kind: opts.kind,
@@ -157,7 +151,12 @@ export function createMemoryParticipant(opts: {
       }
     },
     statusExtras() {
-      return { restored_pending: [...episodes.values()].filter((e) => e.restored).map((e) => captureKey(e.episode)).sort() };
+      return {
+        restored_pending: [...episodes.values()]
+          .filter((e) => e.restored)
+          .map((e) => captureKey(e.episode))
+          .sort(),
+      };
     },
   };
 
@@ -222,9 +221,7 @@ export async function buildMemoryServer(opts: {
     participant.upsert(key, patch);
     return { ok: true };
   });
-  app.get('/_test/episodes', async () =>
-    [...participant.episodes.values()].map((e) => ({ key: captureKey(e.episode), ...e })),
-  );
+  app.get('/_test/episodes', async () => [...participant.episodes.values()].map((e) => ({ key: captureKey(e.episode), ...e })));
   app.post('/_test/faults', async (req) => {
     Object.assign(participant.faults, req.body as MemoryFaults);
     return { ok: true };

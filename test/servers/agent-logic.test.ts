@@ -33,7 +33,14 @@ describe('chat format', () => {
     const msgs = toChatMessages(
       [
         { role: 'developer', content: 'sys' },
-        { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'hi ' }, { type: 'input_text', text: 'there' }] },
+        {
+          type: 'message',
+          role: 'user',
+          content: [
+            { type: 'input_text', text: 'hi ' },
+            { type: 'input_text', text: 'there' },
+          ],
+        },
       ],
       [
         { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'let me look' }] },
@@ -74,15 +81,19 @@ describe('chat format', () => {
 
   it('reads a chat completion into Responses-style items', () => {
     const t = fromChatCompletion(
-      completion(
-        { role: 'assistant', content: 'ok', tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }] },
-        'tool_calls',
-        { usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }, ng_policy: { situation: 's', action: 'a', logprob: -0.1, version: 1 } },
-      ),
+      completion({ role: 'assistant', content: 'ok', tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }] }, 'tool_calls', {
+        usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 },
+        ng_policy: { situation: 's', action: 'a', logprob: -0.1, version: 1 },
+      }),
       2,
     );
     expect(t.items).toEqual([
-      { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'ok' }], ng_policy: { situation: 's', action: 'a', logprob: -0.1, version: 1 } },
+      {
+        type: 'message',
+        role: 'assistant',
+        content: [{ type: 'output_text', text: 'ok' }],
+        ng_policy: { situation: 's', action: 'a', logprob: -0.1, version: 1 },
+      },
       { type: 'function_call', call_id: 'call_2_0', name: 'f', arguments: '{}' },
     ]);
     expect(t.usage).toEqual({ input_tokens: 3, output_tokens: 2, total_tokens: 5 });
@@ -108,7 +119,11 @@ describe('activation index', () => {
   it('parses the header', () => {
     expect(parseActivationIndex(undefined)).toBeUndefined();
     expect(parseActivationIndex('3')).toBe(3);
-    for (const bad of ['0', '-1', '1.5', 'x', '']) expect(codeOf(() => parseActivationIndex(bad)), bad).toBe('activation_out_of_order');
+    for (const bad of ['0', '-1', '1.5', 'x', ''])
+      expect(
+        codeOf(() => parseActivationIndex(bad)),
+        bad,
+      ).toBe('activation_out_of_order');
   });
 
   it('decides replay, run, wait and out of order', () => {
@@ -258,7 +273,18 @@ describe('records', () => {
 });
 
 describe('parking and restored sessions (participant hooks)', () => {
-  const silent = { info() {}, warn() {}, error() {}, debug() {}, trace() {}, fatal() {}, child() { return silent; }, level: 'silent' } as never;
+  const silent = {
+    info() {},
+    warn() {},
+    error() {},
+    debug() {},
+    trace() {},
+    fatal() {},
+    child() {
+      return silent;
+    },
+    level: 'silent',
+  } as never;
 
   function core(): AgentCore {
     return new AgentCore('agent', AgentOptionsSchema.parse({ model: 'm' }), 'http://127.0.0.1:9', 'secret', silent);

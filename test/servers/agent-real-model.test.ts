@@ -12,8 +12,19 @@ import { callModel, callTool, chatBody, UpstreamError } from '../../servers/agen
 import { runTurnLoop } from '../../servers/agent/turn-loop.js';
 import { ActivationBodySchema, type FunctionCallItem } from '../../servers/agent/wire.js';
 
-const weatherTool = { type: 'function', name: 'get_weather', description: 'Weather of a city.', parameters: { type: 'object', properties: { city: { type: 'string' } } } };
-const completion = (message: Record<string, unknown>, finish = 'stop') => ({ id: 'c1', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message, finish_reason: finish }] });
+const weatherTool = {
+  type: 'function',
+  name: 'get_weather',
+  description: 'Weather of a city.',
+  parameters: { type: 'object', properties: { city: { type: 'string' } } },
+};
+const completion = (message: Record<string, unknown>, finish = 'stop') => ({
+  id: 'c1',
+  object: 'chat.completion',
+  created: 1,
+  model: 'm',
+  choices: [{ index: 0, message, finish_reason: finish }],
+});
 
 describe('the chat request', () => {
   it('says tool_choice: auto when the task gives tools and no choice, and passes a named function in chat form', () => {
@@ -29,7 +40,10 @@ describe('the chat request', () => {
 
 describe('replies the way real models write them', () => {
   it('arguments as an object, no id, no type: still a tool call', () => {
-    const t = fromChatCompletion(completion({ role: 'assistant', content: null, tool_calls: [{ function: { name: 'get_weather', arguments: { city: 'SF' } } }] }, 'tool_calls'), 1);
+    const t = fromChatCompletion(
+      completion({ role: 'assistant', content: null, tool_calls: [{ function: { name: 'get_weather', arguments: { city: 'SF' } } }] }, 'tool_calls'),
+      1,
+    );
     expect(t.items).toEqual([{ type: 'function_call', call_id: 'call_1_0', name: 'get_weather', arguments: '{"city":"SF"}' }]);
     expect(t.incomplete).toBeNull();
   });
@@ -57,7 +71,13 @@ describe('replies the way real models write them', () => {
 
   it('malformed arguments reach the model as an error output, and the episode goes on', async () => {
     const call: FunctionCallItem = { type: 'function_call', call_id: 'c0', name: 'get_weather', arguments: '{"city": "S' };
-    const r = await callTool({ grant: { kind: 'direct_http', name: 'w', required: true, base_url: 'http://127.0.0.1:9', cookies: {}, headers: {} }, rollout: 'r', call, cookies: {}, signal: new AbortController().signal });
+    const r = await callTool({
+      grant: { kind: 'direct_http', name: 'w', required: true, base_url: 'http://127.0.0.1:9', cookies: {}, headers: {} },
+      rollout: 'r',
+      call,
+      cookies: {},
+      signal: new AbortController().signal,
+    });
     expect(r.output).toMatch(/^Error: invalid JSON arguments for tool 'get_weather'/);
     expect(r.record).toMatchObject({ call_id: 'c0', status: null });
   });
@@ -71,7 +91,16 @@ describe('replies the way real models write them', () => {
       boundary: async () => undefined,
       callModel: async (): Promise<ModelTurn & { cookies: Record<string, string> }> => {
         n++;
-        return { ...fromChatCompletion(completion({ role: 'assistant', content: null, tool_calls: [{ id: `k${n}`, type: 'function', function: { name: 'get_weather', arguments: '{}' } }] }, 'tool_calls'), n), cookies: {} };
+        return {
+          ...fromChatCompletion(
+            completion(
+              { role: 'assistant', content: null, tool_calls: [{ id: `k${n}`, type: 'function', function: { name: 'get_weather', arguments: '{}' } }] },
+              'tool_calls',
+            ),
+            n,
+          ),
+          cookies: {},
+        };
       },
       callTool: async () => ({ output: 'ok', cookies: {}, record: {} }),
     });
@@ -97,7 +126,17 @@ describe('a model server that refuses the call', () => {
     await new Promise((r) => server.close(r));
     await closeDataAgent();
   });
-  const call = () => callModel({ modelUrl: url, rollout: 'r1', messages: [{ role: 'user', content: 'hi' }], tools: [], params: { input: 'hi' }, cookies: {}, step: 2, signal: new AbortController().signal });
+  const call = () =>
+    callModel({
+      modelUrl: url,
+      rollout: 'r1',
+      messages: [{ role: 'user', content: 'hi' }],
+      tools: [],
+      params: { input: 'hi' },
+      cookies: {},
+      step: 2,
+      signal: new AbortController().signal,
+    });
 
   it('a request the backend rejects (context too long) is the turn outcome model_rejected', async () => {
     answer = { status: 400, body: { error: { code: 'backend_rejected', detail: 'the backend answered HTTP 400: context length exceeded' } } };

@@ -63,7 +63,9 @@ class FakeModel {
           ? {
               role: 'assistant',
               content: null,
-              tool_calls: [{ id: `call_${n}`, type: 'function', function: { name: 'get_weather', arguments: JSON.stringify({ city: n === 0 ? 'SF' : 'LA' }) } }],
+              tool_calls: [
+                { id: `call_${n}`, type: 'function', function: { name: 'get_weather', arguments: JSON.stringify({ city: n === 0 ? 'SF' : 'LA' }) } },
+              ],
             }
           : { role: 'assistant', content: 'It is cold in SF and LA.' };
       return {
@@ -190,7 +192,9 @@ const PARAMS = {
     { role: 'developer', content: 'You are a helpful assistant.' },
     { role: 'user', content: 'How is the weather in SF and LA? [task weather city=SF]' },
   ],
-  tools: [{ type: 'function', name: 'get_weather', description: 'Weather of a city', parameters: { type: 'object', properties: { city: { type: 'string' } } } }],
+  tools: [
+    { type: 'function', name: 'get_weather', description: 'Weather of a city', parameters: { type: 'object', properties: { city: { type: 'string' } } } },
+  ],
 };
 
 function sessionId(rollout: string): string {
@@ -278,14 +282,24 @@ describe('agent server (simple_agent)', () => {
     expect(tc[0]!.cookie).toBe('session=res-0');
     expect(tc[1]!.cookie).toMatch(/^session=res-\d+$/);
 
-    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('full1'), episode_id: { rollout_id: 'full1', attempt: 0 } }, { rollout: 'full1' });
+    const close = await callJson<any>(
+      agent.url,
+      '/v1/agent_sessions/close',
+      { agent_session_id: sessionId('full1'), episode_id: { rollout_id: 'full1', attempt: 0 } },
+      { rollout: 'full1' },
+    );
     expect(close.status).toBe(200);
     expect(close.body.agent_observations.source).toBe('simple_agent');
     expect(close.body.agent_observations.records).toHaveLength(1);
     expect(close.body.agent_observations.records[0]).toMatchObject({ invocation_id: 'root', activation: 1 });
     expect(close.body.resources_cookies).toEqual({ session: expect.stringMatching(/^res-\d+$/) });
     // A retried close gets the same receipt; a late seed of the closed ID is fenced.
-    const again = await callJson<any>(agent.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('full1'), episode_id: { rollout_id: 'full1', attempt: 0 } }, { rollout: 'full1' });
+    const again = await callJson<any>(
+      agent.url,
+      '/v1/agent_sessions/close',
+      { agent_session_id: sessionId('full1'), episode_id: { rollout_id: 'full1', attempt: 0 } },
+      { rollout: 'full1' },
+    );
     expect(again.body).toEqual(close.body);
     expect((await seed(agent, 'full1')).status).toBe(409);
   });
@@ -322,7 +336,10 @@ describe('agent server (simple_agent)', () => {
     const second = await activate(agent, 'idem1', s.cookies, '2');
     expect(second.status).toBe(200);
     expect(model.calls.length).toBe(before + 3);
-    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('idem1'), episode_id: { rollout_id: 'idem1', attempt: 0 } });
+    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', {
+      agent_session_id: sessionId('idem1'),
+      episode_id: { rollout_id: 'idem1', attempt: 0 },
+    });
     expect(close.body.agent_observations.records.map((r: any) => r.invocation_id)).toEqual(['root', 'activation-2']);
   });
 
@@ -421,7 +438,19 @@ describe('agent server (simple_agent)', () => {
       expect(record.boundary).toMatchObject({ step: 1, pending_tools: false });
       expect(record.boundary.new_outputs.map((i: any) => i.type)).toEqual(['function_call', 'function_call_output']);
       expect(Object.keys(record.boundary).sort()).toEqual(
-        ['gaps', 'last_model_response', 'model_calls', 'model_server_cookies', 'new_outputs', 'pending_tools', 'resources_server_cookies', 'step', 'tool_records', 'turns', 'usage'].sort(),
+        [
+          'gaps',
+          'last_model_response',
+          'model_calls',
+          'model_server_cookies',
+          'new_outputs',
+          'pending_tools',
+          'resources_server_cookies',
+          'step',
+          'tool_records',
+          'turns',
+          'usage',
+        ].sort(),
       );
 
       // Crash: the old process goes away without resuming.
@@ -465,7 +494,12 @@ describe('agent server (simple_agent)', () => {
       expect(tools.callsOf('exp1')).toHaveLength(toolsBefore);
       expect((await fresh.status()).restored_pending).toEqual([]);
 
-      const close = await callJson<any>(fresh.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('exp1'), episode_id: { rollout_id: 'exp1', attempt: 1 } }, { rollout: 'exp1-a1' });
+      const close = await callJson<any>(
+        fresh.url,
+        '/v1/agent_sessions/close',
+        { agent_session_id: sessionId('exp1'), episode_id: { rollout_id: 'exp1', attempt: 1 } },
+        { rollout: 'exp1-a1' },
+      );
       expect(close.status).toBe(200);
       const rec = close.body.agent_observations;
       expect(rec.records[0]).toMatchObject({ invocation_id: 'root', activation: 1 });
@@ -494,7 +528,10 @@ describe('agent server (simple_agent)', () => {
     const late = await activate(agent, 'ret1', s.cookies, '1');
     expect(late.body.error.code).toBe('stale_attempt');
     expect((await seed(agent, 'ret1')).body.error.code).toBe('stale_attempt');
-    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('ret1'), episode_id: { rollout_id: 'ret1', attempt: 0 } });
+    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', {
+      agent_session_id: sessionId('ret1'),
+      episode_id: { rollout_id: 'ret1', attempt: 0 },
+    });
     expect(close.body.error.code).toBe('stale_attempt');
     expect(model.callsOf('ret1')).toHaveLength(1);
   });
@@ -505,7 +542,12 @@ describe('agent server (simple_agent)', () => {
     const hold = model.holdNext();
     const act = activate(agent, 'cls1', s.cookies);
     await hold.arrived;
-    const close = await callJson<any>(agent.url, '/v1/agent_sessions/close', { agent_session_id: sessionId('cls1'), episode_id: { rollout_id: 'cls1', attempt: 0 } }, { rollout: 'cls1' });
+    const close = await callJson<any>(
+      agent.url,
+      '/v1/agent_sessions/close',
+      { agent_session_id: sessionId('cls1'), episode_id: { rollout_id: 'cls1', attempt: 0 } },
+      { rollout: 'cls1' },
+    );
     expect(close.status).toBe(200);
     expect(close.body.agent_observations.gaps[0]).toMatchObject({ kind: 'cancelled', invocation_id: 'root' });
     expect(close.body.resources_cookies).toEqual({ session: 'res-0' });
@@ -579,7 +621,13 @@ describe('agent server (simple_agent)', () => {
   it('tool HTTP errors are fed back to the model as output', async () => {
     const { callTool } = await import('../../servers/agent/peers.js');
     const grant = { kind: 'direct_http' as const, name: 'g', required: true, base_url: `${tools.url}/ng-rollout/tool-err`, cookies: {}, headers: {} };
-    const out = await callTool({ grant, rollout: 'tool-err', call: { type: 'function_call', call_id: 'c', name: 'nope', arguments: '{}' }, cookies: {}, signal: new AbortController().signal });
+    const out = await callTool({
+      grant,
+      rollout: 'tool-err',
+      call: { type: 'function_call', call_id: 'c', name: 'nope', arguments: '{}' },
+      cookies: {},
+      signal: new AbortController().signal,
+    });
     expect(out.output).toMatch(/^Error: tool 'nope' failed with HTTP 404/);
     expect(out.record).toMatchObject({ status: 404 });
   });

@@ -213,4 +213,3 @@ export function task(city = 'SF', taskData: Record<string, unknown> = { city }) 
 export function runBody(rollout_id: string, attempt = 0, t = task()) {
   return { episode_id: { rollout_id, attempt }, task: t };
 }
-

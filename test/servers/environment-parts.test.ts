@@ -60,10 +60,14 @@ describe('CleanupStack', () => {
   it('a close during the protocol stops with the episode signal and stays pending', async () => {
     const stack = new CleanupStack(5_000);
     let finish: (() => void) | undefined;
-    const h = stack.register('agent', (signal) => new Promise<void>((resolve, reject) => {
-      finish = resolve;
-      signal.addEventListener('abort', () => reject(signal.reason));
-    }));
+    const h = stack.register(
+      'agent',
+      (signal) =>
+        new Promise<void>((resolve, reject) => {
+          finish = resolve;
+          signal.addEventListener('abort', () => reject(signal.reason));
+        }),
+    );
     const ac = new AbortController();
     const closing = h.close(ac.signal);
     ac.abort(new Error('retired'));
@@ -164,7 +168,9 @@ describe('terminal flag', () => {
     expect(isRetryableDependencyError(new TypeError('fetch failed', { cause: Object.assign(new Error('y'), { code: 'UND_ERR_SOCKET' }) }))).toBe(true);
     // Out of descriptors or ports while connecting: a connection error, retryable.
     for (const code of ['EMFILE', 'ENFILE', 'EADDRNOTAVAIL']) {
-      expect(isRetryableDependencyError(new TypeError('fetch failed', { cause: Object.assign(new Error(`connect ${code} 127.0.0.1:1`), { code }) }))).toBe(true);
+      expect(isRetryableDependencyError(new TypeError('fetch failed', { cause: Object.assign(new Error(`connect ${code} 127.0.0.1:1`), { code }) }))).toBe(
+        true,
+      );
     }
     expect(isRetryableDependencyError(Object.assign(new Error('no'), { code: 'EACCES' }))).toBe(false);
     expect(isRetryableDependencyError(new Error('Agent seed returned a different agent_session_id'))).toBe(false);

@@ -1,4 +1,3 @@
-
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
@@ -142,9 +141,7 @@ describe('/run: the stage protocol', () => {
     const verify = resources.callsOf('verify')[0]!;
     expect(verify.cookies).toEqual({ session: `res-cookie-${seed.body.resources_session_id}` });
     expect(verify.body).toEqual({ city: 'SF', responses_create_params: task().task_input.responses_create_params, response: RESPONSE });
-    expect(resources.callsOf('close_session').map((c) => c.body)).toEqual([
-      { resources_session_id: seed.body.resources_session_id, episode_id: ep('wx-17') },
-    ]);
+    expect(resources.callsOf('close_session').map((c) => c.body)).toEqual([{ resources_session_id: seed.body.resources_session_id, episode_id: ep('wx-17') }]);
     expect(agent.count('agent_close')).toBe(1);
 
     const status = await control(e, 'status');
@@ -247,7 +244,13 @@ describe('options', () => {
   it('fills defaults and names the key of a bad option', async () => {
     await fakes();
     const o = parseConfig(EnvironmentOptionsSchema, { agent: 'agent', resources: 'weather' }, 'servers.env.options');
-    expect(o).toMatchObject({ default_episode_timeout_seconds: null, cleanup_timeout_seconds: 30, max_concurrent_episodes: null, queue_timeout_seconds: null, checkpoint_boundaries: true });
+    expect(o).toMatchObject({
+      default_episode_timeout_seconds: null,
+      cleanup_timeout_seconds: 30,
+      max_concurrent_episodes: null,
+      queue_timeout_seconds: null,
+      checkpoint_boundaries: true,
+    });
     expect(() => parseConfig(EnvironmentOptionsSchema, { agent: 'a', resources: 'r', max_concurrent_episodes: 2 }, 'servers.env.options')).toThrow(
       /servers\.env\.options\.queue_timeout_seconds/,
     );
@@ -397,7 +400,10 @@ describe('checkpoints: boundaries exported while parked', () => {
 
 describe('checkpoints: restore into a fresh process', () => {
   /** Runs `key` until it parks at `stage` during checkpoint `id`, commits, and returns the directory. */
-  async function checkpointAt(stage: 'invoke_agent' | 'close_agent' | 'verify' | 'return' | 'seed', key: string): Promise<{ dir: string; records: any[]; first: EnvironmentServer }> {
+  async function checkpointAt(
+    stage: 'invoke_agent' | 'close_agent' | 'verify' | 'return' | 'seed',
+    key: string,
+  ): Promise<{ dir: string; records: any[]; first: EnvironmentServer }> {
     const first = await env();
     const holdRoute = { seed: 'seed_session', invoke_agent: 'activation', close_agent: 'activation', verify: 'agent_close', return: 'verify' }[stage];
     const fake = holdRoute === 'seed_session' || holdRoute === 'verify' ? resources : agent;

@@ -46,13 +46,23 @@ afterAll(async () => {
 });
 
 async function post(path: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
-  const res = await request(`${url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body), dispatcher: pool });
+  const res = await request(`${url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+    dispatcher: pool,
+  });
   const text = await res.body.text();
   return { status: res.statusCode, body: text ? JSON.parse(text) : undefined };
 }
 
 const calls = (): CallRecord[] => state.log.list();
-const capture = (key: string, id: string, extra: Record<string, unknown> = {}) => ({ rollout_id: key.replace(/-a\d+$/, ''), model_call_id: id, mode: 'text', ...extra });
+const capture = (key: string, id: string, extra: Record<string, unknown> = {}) => ({
+  rollout_id: key.replace(/-a\d+$/, ''),
+  model_call_id: id,
+  mode: 'text',
+  ...extra,
+});
 const chat = (key: string, id: string, messages = weather, extra: Record<string, unknown> = {}) =>
   post(`/ng-rollout/${key}/v1/chat/completions`, { model: 'policy', messages, ng_capture: capture(key, id, extra) });
 
@@ -74,7 +84,11 @@ async function cutOne(): Promise<{ continuation: GenerationCutContinuation; orig
   expect(outcome!.disposition).toBe('durable_prefix');
   const original = (await running).body;
   if (outcome!.disposition !== 'durable_prefix') throw new Error('unreachable');
-  return { continuation: { source_capture_key: 'wx', source_model_call_id: 'mc_1', ...outcome!.continuation }, original, prefix: outcome!.continuation.prefix_token_count };
+  return {
+    continuation: { source_capture_key: 'wx', source_model_call_id: 'mc_1', ...outcome!.continuation },
+    original,
+    prefix: outcome!.continuation.prefix_token_count,
+  };
 }
 
 describe('generation-cut service', { timeout: 20_000 }, () => {
@@ -105,10 +119,15 @@ describe('generation-cut service', { timeout: 20_000 }, () => {
     const outcomes = validateReceipt(inv, r.body);
     expect(outcomes.map((o) => o.disposition)).toEqual(['durable_prefix', 'durable_failure', 'durable_failure', 'durable_failure']);
     const ack = r.body.prefixes[0];
-    expect(ack).toMatchObject({ cut_kind: 'active_prefix', staging_keys: ['__generation_cut__/wx/mc_1'], effective_output_limit: 1024, terminal_finish_reason: null });
+    expect(ack).toMatchObject({
+      cut_kind: 'active_prefix',
+      staging_keys: ['__generation_cut__/wx/mc_1'],
+      effective_output_limit: 1024,
+      terminal_finish_reason: null,
+    });
     expect(ack.prefix_token_count).toBeGreaterThanOrEqual(5);
     expect(r.body.backend_snapshot_id).toBe('tiny-policy-cut-store');
-    expect((await (await request(`${url}/_ctl/cuts`, { dispatcher: pool })).body.json())).toEqual([['mc_1']]);
+    expect(await (await request(`${url}/_ctl/cuts`, { dispatcher: pool })).body.json()).toEqual([['mc_1']]);
     // Cutting does not stop the call.
     const reply = await running;
     expect(reply.status).toBe(200);
@@ -137,7 +156,10 @@ describe('generation-cut service', { timeout: 20_000 }, () => {
       body: JSON.stringify({ model: 'policy', messages: weather, stream: true, ng_capture: capture('wx-a1', 'mc_3', { generation_cut: continuation }) }),
       dispatcher: pool,
     });
-    const events = (await res.body.text()).split('\n\n').filter((e) => e.startsWith('data: {')).map((e) => JSON.parse(e.slice(6)));
+    const events = (await res.body.text())
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: {'))
+      .map((e) => JSON.parse(e.slice(6)));
     const ids = events.flatMap((e) => e.choices[0].token_ids ?? []);
     expect(ids).toEqual(original.choices[0].token_ids);
     expect(calls()[1]).toMatchObject({ continued_from: 'mc_1', reused_prefix_tokens: prefix, stream: true });

@@ -46,7 +46,6 @@ function parseSse(text: string): { chunks: ChatCompletionChunk[]; done: boolean 
   return { chunks, done };
 }
 
-
 describe('inference server (inject)', () => {
   let app: FastifyInstance;
   let state: InferenceState;
@@ -92,12 +91,20 @@ describe('inference server (inject)', () => {
     const actions = ['call_right_city', 'call_wrong_city', 'answer'];
     expect(policy.logprob).toBeCloseTo(logSoftmax(actions.map((a) => row[a]!))[actions.indexOf(policy.action)]!, 12);
     expect(body.prompt_token_ids!.length).toBeGreaterThan(0);
-    expect(body.usage).toEqual({ prompt_tokens: body.prompt_token_ids!.length, completion_tokens: chars.length, total_tokens: body.prompt_token_ids!.length + chars.length });
+    expect(body.usage).toEqual({
+      prompt_tokens: body.prompt_token_ids!.length,
+      completion_tokens: chars.length,
+      total_tokens: body.prompt_token_ids!.length + chars.length,
+    });
     expect(body.model).toBe('policy');
   });
 
   it('streams SSE chunks that fold into the plain reply', async () => {
-    for (const [key, messages] of [['wx-2', weather], ['ct-2', counter], ['gr-2', [{ role: 'user', content: '[task genrm prompt=p3]' }]]] as const) {
+    for (const [key, messages] of [
+      ['wx-2', weather],
+      ['ct-2', counter],
+      ['gr-2', [{ role: 'user', content: '[task genrm prompt=p3]' }]],
+    ] as const) {
       const plain = (await chat(key, [...messages])).json() as ChatCompletion;
       const res = await chat(key, [...messages], { stream: true });
       expect(res.statusCode).toBe(200);
@@ -320,7 +327,9 @@ describe('inference module', () => {
       expect(res.json().ng_policy).toMatchObject({ version: 7, action: 'call_right_city' });
       const plain = await inferenceModule.build(ctx, { token_delay_ms: 0 });
       const salted = await inferenceModule.build(ctx, { seed: 3, token_delay_ms: 0 });
-      const ids = await Promise.all([plain, salted].map(async (a) => (await a.inject({ method: 'POST', url: path('m-1'), payload: { messages: weather } })).json().id));
+      const ids = await Promise.all(
+        [plain, salted].map(async (a) => (await a.inject({ method: 'POST', url: path('m-1'), payload: { messages: weather } })).json().id),
+      );
       expect(ids[0]).not.toBe(ids[1]);
       await plain.close();
       await salted.close();

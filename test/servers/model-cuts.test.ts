@@ -91,7 +91,10 @@ describe('generation cuts', { timeout: 30_000 }, () => {
     const cutCallId = cp.backend.calls()[1]!.model_call_id!;
     expect(cutRounds).toEqual([[cutCallId]]);
     const [cut] = cp.record.generation_cuts;
-    expect(cut).toMatchObject({ model_call_id: cutCallId, continuation: { source_capture_key: 'r', source_model_call_id: cutCallId, staging_keys: [`__generation_cut__/r/${cutCallId}`] } });
+    expect(cut).toMatchObject({
+      model_call_id: cutCallId,
+      continuation: { source_capture_key: 'r', source_model_call_id: cutCallId, staging_keys: [`__generation_cut__/r/${cutCallId}`] },
+    });
     expect(cut.continuation.prefix_token_count).toBeGreaterThanOrEqual(6);
     expect(cp.committed.staging_keys).toContain(`__generation_cut__/r/${cutCallId}`);
     expect(cp.committed.staging_keys_by_episode.r).toContain(`__generation_cut__/r/${cutCallId}`);

@@ -1,4 +1,3 @@
-
 import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
@@ -44,7 +43,6 @@ const cleanup: Array<() => Promise<void> | void> = [];
 export async function closeFixtures(): Promise<void> {
   for (const c of cleanup.splice(0).reverse()) await c();
 }
-
 
 async function listen(app: FastifyInstance): Promise<string> {
   await app.listen({ host: '127.0.0.1', port: 0 });
@@ -186,8 +184,6 @@ export async function control(model: TestModel, op: string, body?: Record<string
 
 export const deadline = (s = 10): number => Date.now() / 1000 + s;
 export const ep = (rollout_id: string, attempt = 0): EpisodeId => ({ rollout_id, attempt });
-
-
 
 export async function closePool(): Promise<void> {
   await pool.close();

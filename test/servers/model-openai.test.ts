@@ -84,7 +84,15 @@ interface Started {
 
 async function startModel(options: Record<string, unknown> = {}, env: NodeJS.ProcessEnv = { [KEY_ENV]: SECRET }): Promise<Started> {
   const captureDir = tempDir('model-openai');
-  const raw = { backend_url: `${backendUrl}/v1`, backend_api: 'openai', served_model: 'served-smol', api_key_env: KEY_ENV, checkpoint_policy: true, capture_dir: captureDir, ...options };
+  const raw = {
+    backend_url: `${backendUrl}/v1`,
+    backend_api: 'openai',
+    served_model: 'served-smol',
+    api_key_env: KEY_ENV,
+    checkpoint_policy: true,
+    capture_dir: captureDir,
+    ...options,
+  };
   const opts = parseConfig(PolicyModelOptionsSchema, raw, 'servers.policy_model.options');
   const saved = { ...process.env };
   Object.assign(process.env, env);
@@ -115,7 +123,8 @@ async function post(url: string, body: unknown): Promise<{ status: number; json:
   return { status: res.statusCode, json, text, headers: res.headers };
 }
 
-const callAs = (m: Started, key: string, extra: Record<string, unknown> = {}) => post(`${m.url}/ng-rollout/${key}/v1/chat/completions`, { model: 'policy', messages, ...extra });
+const callAs = (m: Started, key: string, extra: Record<string, unknown> = {}) =>
+  post(`${m.url}/ng-rollout/${key}/v1/chat/completions`, { model: 'policy', messages, ...extra });
 
 // --- the request the backend sees ---------------------------------------------------------------------
 
@@ -159,9 +168,13 @@ describe('a third-party backend sees plain OpenAI calls', { timeout: 15_000 }, (
     const second = new Promise<void>((r) => (release = r));
     behave = async (_req, res) => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(`data: ${JSON.stringify({ id: 's1', object: 'chat.completion.chunk', created: 1, model: 'served-smol', choices: [{ index: 0, delta: { role: 'assistant', content: 'It is ' } }] })}\n\n`);
+      res.write(
+        `data: ${JSON.stringify({ id: 's1', object: 'chat.completion.chunk', created: 1, model: 'served-smol', choices: [{ index: 0, delta: { role: 'assistant', content: 'It is ' } }] })}\n\n`,
+      );
       await second;
-      res.write(`data: ${JSON.stringify({ id: 's1', object: 'chat.completion.chunk', created: 1, model: 'served-smol', choices: [{ index: 0, delta: { content: 'cold.' }, finish_reason: 'stop' }] })}\n\n`);
+      res.write(
+        `data: ${JSON.stringify({ id: 's1', object: 'chat.completion.chunk', created: 1, model: 'served-smol', choices: [{ index: 0, delta: { content: 'cold.' }, finish_reason: 'stop' }] })}\n\n`,
+      );
       res.end('data: [DONE]\n\n');
     };
     const m = await startModel();
@@ -182,7 +195,13 @@ describe('a third-party backend sees plain OpenAI calls', { timeout: 15_000 }, (
     expect(seen[0]!.body.stream).toBe(true);
     const [key] = await listStagingKeys(m.captureDir, 'st-1');
     const staged = await readStagedTokens(m.captureDir, key!);
-    expect(staged).toMatchObject({ capture: 'text', completion_token_ids: null, complete: true, finish_reason: 'stop', completion_message: { role: 'assistant', content: 'It is cold.' } });
+    expect(staged).toMatchObject({
+      capture: 'text',
+      completion_token_ids: null,
+      complete: true,
+      finish_reason: 'stop',
+      completion_message: { role: 'assistant', content: 'It is cold.' },
+    });
   });
 });
 
@@ -216,7 +235,12 @@ describe('capture of a third-party reply', { timeout: 15_000 }, () => {
   });
 
   it('logprobs that spell token IDs (`token_id:<n>`) are captured as tokens', async () => {
-    const logprobs = { content: [{ token: 'token_id:42', logprob: -0.5 }, { token: 'token_id:7', logprob: -0.25 }] };
+    const logprobs = {
+      content: [
+        { token: 'token_id:42', logprob: -0.5 },
+        { token: 'token_id:7', logprob: -0.25 },
+      ],
+    };
     behave = (_req, res) => void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(completion({}, { logprobs })));
     const m = await startModel();
     await callAs(m, 'tl-1');
@@ -235,7 +259,10 @@ describe('capture of a third-party reply', { timeout: 15_000 }, () => {
 
 describe('backend failures are typed and capture nothing', { timeout: 15_000 }, () => {
   it('a 4xx is the caller’s error: backend_rejected with the same status and the backend’s message', async () => {
-    behave = (_req, res) => void res.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { message: 'context length exceeded', type: 'invalid_request_error' } }));
+    behave = (_req, res) =>
+      void res
+        .writeHead(400, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ error: { message: 'context length exceeded', type: 'invalid_request_error' } }));
     const m = await startModel();
     const r = await callAs(m, 'f4-1');
     expect(r.status).toBe(400);
@@ -300,10 +327,12 @@ describe('backend configuration', () => {
 
   it('names the key that is wrong', () => {
     expect(keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai' })).toBe('servers.policy_model.options.served_model');
-    expect(keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai', served_model: 'm', checkpoint_policy: true, checkpoint_generation_cuts: true })).toBe(
-      'servers.policy_model.options.checkpoint_generation_cuts',
+    expect(
+      keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai', served_model: 'm', checkpoint_policy: true, checkpoint_generation_cuts: true }),
+    ).toBe('servers.policy_model.options.checkpoint_generation_cuts');
+    expect(keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai', served_model: 'm', api_key_env: 'not a name' })).toBe(
+      'servers.policy_model.options.api_key_env',
     );
-    expect(keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai', served_model: 'm', api_key_env: 'not a name' })).toBe('servers.policy_model.options.api_key_env');
     expect(keyOf({ backend: 'policy_backend', extra_body: { a: 1 } })).toBe('servers.policy_model.options.extra_body');
     expect(keyOf({ backend_url: 'http://127.0.0.1:1', backend_api: 'openai', served_model: 'm', api_key_env: 'K', request_timeout_s: 5 })).toBe('ok');
   });
@@ -348,7 +377,11 @@ describe('the API key in a real model server process', { timeout: 60_000 }, () =
       const ckpt = join(dir, 'ckpt');
       mkdirSync(ckpt, { recursive: true });
       const ctl = async (op: string, body: unknown) => {
-        const r = await request(`${url}/ng-control/v1/checkpoint/${op}`, { method: 'POST', headers: { ...AUTH, 'content-type': 'application/json' }, body: JSON.stringify(body) });
+        const r = await request(`${url}/ng-control/v1/checkpoint/${op}`, {
+          method: 'POST',
+          headers: { ...AUTH, 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        });
         expect(r.statusCode).toBe(200);
         await r.body.dump();
       };
@@ -356,7 +389,8 @@ describe('the API key in a real model server process', { timeout: 60_000 }, () =
       await ctl('commit', { checkpoint_id: 'k1', deadline_ts: deadline(), checkpoint_dir: ckpt, episode_ids: [ep('pk-1')] });
       await ctl('resume', { checkpoint_id: 'k1', deadline_ts: deadline() });
 
-      const files = (d: string): string[] => readdirSync(d, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(join(d, e.name)) : [join(d, e.name)]));
+      const files = (d: string): string[] =>
+        readdirSync(d, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(join(d, e.name)) : [join(d, e.name)]));
       const checkpointFiles = files(ckpt);
       expect(checkpointFiles.length).toBeGreaterThan(0);
       const log = readFileSync(join(runDir, 'logs', 'policy_model.log'), 'utf8');

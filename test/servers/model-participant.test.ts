@@ -75,7 +75,12 @@ describe('admission gate', { timeout: 20_000 }, () => {
     expect(backend.calls()[0]!.admission).toBeUndefined();
     expect(await listStagingKeys(model.captureDir, 'anonymous')).toEqual([]);
     // Once served, it will not take a restore.
-    const restore = await control(model, 'restore', { checkpoint_id: 'rs', deadline_ts: deadline(), checkpoint_dir: tempDir('model-participant'), episode_ids: [] });
+    const restore = await control(model, 'restore', {
+      checkpoint_id: 'rs',
+      deadline_ts: deadline(),
+      checkpoint_dir: tempDir('model-participant'),
+      episode_ids: [],
+    });
     expect(restore.status).toBe(409);
     expect(restore.body.error.code).toBe('checkpoint_error');
   });
@@ -190,7 +195,13 @@ describe('admission gate', { timeout: 20_000 }, () => {
 
 describe('restore and retire', { timeout: 30_000 }, () => {
   /** One delivered call and one undelivered (held by the backend) at checkpoint c1; then the server dies. */
-  async function checkpointWithUndelivered(): Promise<{ dir: string; captureDir: string; backend: Awaited<ReturnType<typeof startBackend>>; saved: any; m1: any }> {
+  async function checkpointWithUndelivered(): Promise<{
+    dir: string;
+    captureDir: string;
+    backend: Awaited<ReturnType<typeof startBackend>>;
+    saved: any;
+    m1: any;
+  }> {
     const backend = await startBackend();
     const model = await startModel(backend);
     const dir = tempDir('model-participant');

@@ -5,15 +5,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import * as genrmMod from '../../servers/resources/genrm-compare.js';
 import { cohortCoordinates } from '../../servers/resources/genrm-compare.js';
 import { CohortRegistry } from '../../servers/resources/genrm-cohorts.js';
-import {
-  answerQuality,
-  answerText,
-  cohortRewards,
-  comparisonPairs,
-  GENRM_ANSWERS,
-  judgePair,
-  tiebreak,
-} from '../../servers/resources/genrm-judge.js';
+import { answerQuality, answerText, cohortRewards, comparisonPairs, GENRM_ANSWERS, judgePair, tiebreak } from '../../servers/resources/genrm-judge.js';
 import { buildServer, Client, control, settlesWithin, soon } from './resources-helpers.js';
 
 const apps: FastifyInstance[] = [];
@@ -27,7 +19,11 @@ async function genrm(options: Record<string, unknown>): Promise<FastifyInstance>
   return app;
 }
 
-const response = (text: string) => ({ id: 'resp', object: 'response', output: [{ type: 'message', role: 'assistant', content: [{ type: 'output_text', text }] }] });
+const response = (text: string) => ({
+  id: 'resp',
+  object: 'response',
+  output: [{ type: 'message', role: 'assistant', content: [{ type: 'output_text', text }] }],
+});
 
 const verifyBody = (slot: number, text: string, extra: Record<string, unknown> = {}) => ({
   responses_create_params: { input: [{ role: 'user', content: '[task genrm prompt=p17]' }] },
@@ -55,8 +51,16 @@ describe('deterministic judge', () => {
   });
 
   it('builds circular and all-pairs comparisons', () => {
-    expect(comparisonPairs(3, 'circular')).toEqual([[0, 1], [1, 2], [2, 0]]);
-    expect(comparisonPairs(3, 'all_pairs')).toEqual([[0, 1], [0, 2], [1, 2]]);
+    expect(comparisonPairs(3, 'circular')).toEqual([
+      [0, 1],
+      [1, 2],
+      [2, 0],
+    ]);
+    expect(comparisonPairs(3, 'all_pairs')).toEqual([
+      [0, 1],
+      [0, 2],
+      [1, 2],
+    ]);
     expect(comparisonPairs(1, 'circular')).toEqual([]);
   });
 
@@ -76,7 +80,10 @@ describe('deterministic judge', () => {
 
 describe('cohort coordinates', () => {
   it('reads top-level and task_data fields, with defaults and the legacy fallback', () => {
-    expect(cohortCoordinates({ _ng_group_id: 'g', _ng_rollout_index: 2 })).toEqual({ ok: true, member: { groupId: 'g', attempt: 0, slot: 2, promptId: undefined } });
+    expect(cohortCoordinates({ _ng_group_id: 'g', _ng_rollout_index: 2 })).toEqual({
+      ok: true,
+      member: { groupId: 'g', attempt: 0, slot: 2, promptId: undefined },
+    });
     expect(cohortCoordinates({ task_data: { _ng_group_id: 'g', _ng_group_attempt: 1, _ng_rollout_index: 0, prompt_id: 'p' } })).toEqual({
       ok: true,
       member: { groupId: 'g', attempt: 1, slot: 0, promptId: 'p' },
@@ -101,7 +108,14 @@ describe('cohort registry', () => {
   });
 
   it('judge failure publishes a masked placeholder reward', async () => {
-    const reg = new CohortRegistry({ size: 1, collectionTimeoutMs: 5000, comparison: 'circular', score: () => { throw new Error('judge down'); } });
+    const reg = new CohortRegistry({
+      size: 1,
+      collectionTimeoutMs: 5000,
+      comparison: 'circular',
+      score: () => {
+        throw new Error('judge down');
+      },
+    });
     expect(await reg.submit({ groupId: 'g', attempt: 0, slot: 0, promptId: undefined, text: '' })).toEqual({
       ok: true,
       reward: 0,

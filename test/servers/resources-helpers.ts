@@ -11,9 +11,10 @@ export const TOKEN = 'resources-test-token';
 export const SECRET = 'resources-test-session-secret';
 
 export function contextFor(name: string, type: string, opts: { checkpoint?: boolean } = {}): ServerContext {
-  const checkpoint = opts.checkpoint === false
-    ? { enabled: false, control_auth_token: null, lease_grace_seconds: 600 }
-    : { enabled: true, control_auth_token: TOKEN, lease_grace_seconds: 600 };
+  const checkpoint =
+    opts.checkpoint === false
+      ? { enabled: false, control_auth_token: null, lease_grace_seconds: 600 }
+      : { enabled: true, control_auth_token: TOKEN, lease_grace_seconds: 600 };
   const entry: ServerEntry = { kind: 'resources', type, port: 0, options: {} };
   const deployment = { checkpoint, servers: { [name]: entry } } as Deployment;
   return { name, entry, deployment, endpoints: {}, checkpoint, sessionSecret: SECRET, logLevel: 'silent' };
@@ -78,7 +79,6 @@ export async function settlesWithin(p: Promise<unknown>, ms: number): Promise<bo
   await sleep(ms);
   return done;
 }
-
 
 function parse(text: string): any {
   try {

@@ -172,7 +172,12 @@ describe('weather', () => {
   });
 
   it('rewards a get_weather call with the task city only', () => {
-    const call = (name: string, args: unknown) => ({ type: 'function_call', call_id: 'c1', name, arguments: typeof args === 'string' ? args : JSON.stringify(args) });
+    const call = (name: string, args: unknown) => ({
+      type: 'function_call',
+      call_id: 'c1',
+      name,
+      arguments: typeof args === 'string' ? args : JSON.stringify(args),
+    });
     const body = (output: unknown[], city = 'SF') => ({ city, response: { output } });
     expect(weatherReward(body([call('get_weather', { city: 'SF' })]))).toBe(1);
     expect(weatherReward({ task_data: { city: 'SF' }, response: { output: [call('get_weather', { city: 'SF' })] } })).toBe(1);
@@ -185,7 +190,11 @@ describe('weather', () => {
   it('verify echoes the body with reward and mask_sample', async () => {
     const app = await weather();
     const c = new Client(app);
-    const body = { responses_create_params: { input: [] }, response: { output: [{ type: 'function_call', call_id: 'c', name: 'get_weather', arguments: '{"city":"SF"}' }] }, city: 'SF' };
+    const body = {
+      responses_create_params: { input: [] },
+      response: { output: [{ type: 'function_call', call_id: 'c', name: 'get_weather', arguments: '{"city":"SF"}' }] },
+      city: 'SF',
+    };
     const r = await c.post('/ng-rollout/r1/verify', body);
     expect(r.body).toEqual({ ...body, reward: 1, mask_sample: false });
   });
@@ -287,7 +296,14 @@ describe('readiness', () => {
     const app = await weather({ checkpoint_verify: 'wait', verify_delay_ms: 2000 }, 'weather-socket');
     await app.listen({ host: '127.0.0.1', port: 0 });
     const port = (app.server.address() as AddressInfo).port;
-    const req = httpRequest({ host: '127.0.0.1', port, method: 'POST', path: '/ng-rollout/r1/verify', headers: { 'content-type': 'application/json' }, agent: false });
+    const req = httpRequest({
+      host: '127.0.0.1',
+      port,
+      method: 'POST',
+      path: '/ng-rollout/r1/verify',
+      headers: { 'content-type': 'application/json' },
+      agent: false,
+    });
     req.on('error', () => undefined);
     req.end(JSON.stringify({ city: 'SF', response: { output: [] } }));
     await waitFor(async () => (await status(app)).report.counts.inflight === 1);
@@ -495,7 +511,15 @@ describe('restored session states, deferred or parsed', () => {
     });
     expect(p.deferredRecordField).toBe(deferredStates ? 'state' : undefined);
     const record = { episode_id: { rollout_id: 'r1', attempt: 0 }, session_id: 's1', state: new DeferredJson(line, 'state') };
-    const manifest = { schema_version: 1, kind: 'resources', instance: 'x', checkpoint_id: 'c', records_file: 'records.jsonl', records_sha256: '0'.repeat(64), record_count: 1 } as const;
+    const manifest = {
+      schema_version: 1,
+      kind: 'resources',
+      instance: 'x',
+      checkpoint_id: 'c',
+      records_file: 'records.jsonl',
+      records_sha256: '0'.repeat(64),
+      record_count: 1,
+    } as const;
     expect(await p.install({ records: [record], scope: [record.episode_id], manifest })).toEqual(['r1-a1']);
     const state = got.get('s1');
     if (deferredStates) expect(state).toBeInstanceOf(DeferredJson);

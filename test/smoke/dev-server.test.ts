@@ -29,9 +29,7 @@ test('a workflow that calls one activity completes on the dev server', async () 
     workflowsPath: fileURLToPath(new URL('./workflows.ts', import.meta.url)),
     activities,
   });
-  const result = await worker.runUntil(
-    env.client.workflow.execute(greetOnce, { taskQueue, workflowId: `greet-${randomUUID()}`, args: ['Gym'] }),
-  );
+  const result = await worker.runUntil(env.client.workflow.execute(greetOnce, { taskQueue, workflowId: `greet-${randomUUID()}`, args: ['Gym'] }));
   expect(result).toBe('Hello, Gym!');
 });
 

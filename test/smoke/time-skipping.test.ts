@@ -26,9 +26,7 @@ test('an hour-long sleep finishes in seconds under time skipping', async () => {
   const taskQueue = `smoke-${randomUUID()}`;
   const worker = await Worker.create({ connection: testEnv.nativeConnection, taskQueue, workflowBundle: bundle });
   const started = performance.now();
-  const slept = await worker.runUntil(
-    testEnv.client.workflow.execute(sleepAnHour, { taskQueue, workflowId: `sleep-${randomUUID()}` }),
-  );
+  const slept = await worker.runUntil(testEnv.client.workflow.execute(sleepAnHour, { taskQueue, workflowId: `sleep-${randomUUID()}` }));
   expect(slept).toBeGreaterThanOrEqual(3_600_000);
   expect(performance.now() - started).toBeLessThan(20_000);
 });

@@ -6,7 +6,13 @@ import { isPlainAgentRecord } from '../../servers/agent/record-shape.js';
 import { AgentRecordSchema } from '../../servers/agent/records.js';
 
 const cookie = 'eyJzZXNzaW9uX2lkIjoicmVzb3VyY2VzLXNlc3Npb24tYzkzIn0.jVcKPk0PKAjBtr5vRHl7xWelP4DAEf';
-const call = { type: 'function_call', call_id: 'call_r_0', name: 'increment_counter', arguments: '{"count":2}', ng_policy: { logprob: -1.7338597115786891, version: 0 } };
+const call = {
+  type: 'function_call',
+  call_id: 'call_r_0',
+  name: 'increment_counter',
+  arguments: '{"count":2}',
+  ng_policy: { logprob: -1.7338597115786891, version: 0 },
+};
 const usage = { input_tokens: 166, output_tokens: 11, total_tokens: 177 };
 
 function written(): Record<string, unknown> {
@@ -19,7 +25,14 @@ function written(): Record<string, unknown> {
         episode_id: { rollout_id: 'r-3-0', attempt: 0 },
         task_id: { taskset: 'counter', task_id: 'counter-7-3' },
         tool_accesses: [
-          { kind: 'direct_http', name: 'counter.direct_http', required: true, base_url: 'http://127.0.0.1:34043/ng-rollout/r-3-0', cookies: { session: cookie }, headers: {} },
+          {
+            kind: 'direct_http',
+            name: 'counter.direct_http',
+            required: true,
+            base_url: 'http://127.0.0.1:34043/ng-rollout/r-3-0',
+            cookies: { session: cookie },
+            headers: {},
+          },
           { kind: 'mcp', name: 'search', required: false, url: 'x' },
         ],
         sandbox_access: null,
@@ -47,7 +60,24 @@ function written(): Record<string, unknown> {
   };
 }
 
-const REPLACEMENTS: unknown[] = [undefined, null, '', 'x', ' http://a.b/ ', 'http:a.b', 'HTTPS://A.B/c', 'ftp://a.b', -1, 0, 1.5, 2 ** 53, true, [], {}, { type: '' }];
+const REPLACEMENTS: unknown[] = [
+  undefined,
+  null,
+  '',
+  'x',
+  ' http://a.b/ ',
+  'http:a.b',
+  'HTTPS://A.B/c',
+  'ftp://a.b',
+  -1,
+  0,
+  1.5,
+  2 ** 53,
+  true,
+  [],
+  {},
+  { type: '' },
+];
 
 /** Every path to a value in `v` (object keys and array indexes). */
 function paths(v: unknown, at: Array<string | number> = []): Array<Array<string | number>> {

@@ -70,7 +70,12 @@ describe('receipt validation', () => {
         },
       },
     ]);
-    expect(validateReceipt(inv, receipt([durable(first, { cut_kind: 'terminal_completion', terminal_finish_reason: 'length', terminal_stop_reason: 7 }), failure(second)]))).toHaveLength(2);
+    expect(
+      validateReceipt(
+        inv,
+        receipt([durable(first, { cut_kind: 'terminal_completion', terminal_finish_reason: 'length', terminal_stop_reason: 7 }), failure(second)]),
+      ),
+    ).toHaveLength(2);
   });
 
   it.each<[string, unknown]>([

@@ -2,18 +2,15 @@
 // model-authored turns plus the recorded context being a prefix of the new request, the request
 // digest restored cuts are matched by, and the constrained-decoding exclusion (§5.5).
 import { describe, expect, it } from 'vitest';
-import {
-  constrainedDecoding,
-  normalizeMessage,
-  requestContext,
-  resolveParent,
-  turnFingerprint,
-  type LineageRow,
-} from '../../servers/model/conversation.js';
+import { constrainedDecoding, normalizeMessage, requestContext, resolveParent, turnFingerprint, type LineageRow } from '../../servers/model/conversation.js';
 
 const sys = { role: 'system', content: 'You are helpful.' };
 const user = { role: 'user', content: 'Count.\n[task counter start=3 target=6]' };
-const call = (n: number, args: string) => ({ role: 'assistant', content: null, tool_calls: [{ id: `call_${n}`, type: 'function', function: { name: 'increment_counter', arguments: args } }] });
+const call = (n: number, args: string) => ({
+  role: 'assistant',
+  content: null,
+  tool_calls: [{ id: `call_${n}`, type: 'function', function: { name: 'increment_counter', arguments: args } }],
+});
 const tool = (n: number) => ({ role: 'tool', tool_call_id: `call_${n}`, content: '{"count":4}' });
 
 /** The row a call over `messages` with output `out` gets. */
@@ -44,7 +41,11 @@ describe('parent resolution', () => {
 
   it('survives the agent rebuilding the assistant turn (content "" vs null, other ids)', () => {
     const rows = [rowOf('c0', m0, out0)];
-    const rebuilt = [...m0, { role: 'assistant', content: '', tool_calls: [{ id: 'other', type: 'function', function: { name: 'increment_counter', arguments: '{"count":1}' } }] }, tool(0)];
+    const rebuilt = [
+      ...m0,
+      { role: 'assistant', content: '', tool_calls: [{ id: 'other', type: 'function', function: { name: 'increment_counter', arguments: '{"count":1}' } }] },
+      tool(0),
+    ];
     expect(resolveParent(rows, requestContext({ messages: rebuilt }))).toBe('c0');
   });
 

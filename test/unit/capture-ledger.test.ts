@@ -20,8 +20,12 @@ import {
 } from '../../servers/model/token-store.js';
 import { tempDir } from '../helpers/temp-dir.js';
 
-
-const row = (id: string, key: string, extra: Partial<LedgerRow> = {}): LedgerRow => ({ model_call_id: id, staging_key: stagingKeyOf(key, id), parent_call_id: null, ...extra });
+const row = (id: string, key: string, extra: Partial<LedgerRow> = {}): LedgerRow => ({
+  model_call_id: id,
+  staging_key: stagingKeyOf(key, id),
+  parent_call_id: null,
+  ...extra,
+});
 
 function staged(key: string, id: string): StagedTokens {
   return {
@@ -167,7 +171,10 @@ describe('capture ledger', () => {
 
     // A journal a crashed process left: missing ledgers are written, existing ones kept.
     const journal = join(dir, 'ledger', `import-1-1-1${JOURNAL_SUFFIX}`);
-    writeFileSync(journal, `${JSON.stringify({ capture_key: 'q-a1', rows: [row('c9', 'q')] })}\n${JSON.stringify({ capture_key: 'r-a1', rows: imported })}\n{"torn`);
+    writeFileSync(
+      journal,
+      `${JSON.stringify({ capture_key: 'q-a1', rows: [row('c9', 'q')] })}\n${JSON.stringify({ capture_key: 'r-a1', rows: imported })}\n{"torn`,
+    );
     const reopened = await CaptureLedger.open(dir);
     expect(fileRows(dir, 'q-a1')).toEqual([row('c9', 'q')]);
     expect(fileRows(dir, 'r-a1')).toHaveLength(2);
@@ -188,9 +195,7 @@ describe('descriptors under a burst of calls', () => {
     const sampler = setInterval(() => (peak = Math.max(peak, readdirSync(fdDir).length)), 1);
     try {
       const keys = Array.from({ length: 3000 }, (_, i) => `burst-${i}`);
-      await Promise.all(
-        keys.flatMap((k) => [ledger.append(k, row('c1', k)), writeStagedTokens(ledger.captureDir, staged(k, 'c1'))]),
-      );
+      await Promise.all(keys.flatMap((k) => [ledger.append(k, row('c1', k)), writeStagedTokens(ledger.captureDir, staged(k, 'c1'))]));
       peak = Math.max(peak, readdirSync(fdDir).length);
       expect(ledger.rows('burst-2999')).toHaveLength(1);
       expect(await readStagedTokens(ledger.captureDir, stagingKeyOf('burst-2999', 'c1'))).toBeDefined();

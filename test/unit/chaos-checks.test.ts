@@ -47,11 +47,32 @@ describe('checks', () => {
 
   it('completions: exactly one per rollout, none missing, rewards in [0, 1]', () => {
     const started = new Set(['r.g0', 'r.g1', 'r.g2']);
-    expect(checkCompletions(3, started, new Map([['r.g0', done('r.g0')], ['r.g1', done('r.g1-a1')], ['r.g2', done('r.g2')]]))).toEqual([]);
-    expect(checkCompletions(3, started, new Map([['r.g0', done('r.g0')], ['r.g1', done('r.g1', 'r.g1-a1')]])).join('\n')).toMatch(
-      /1 rollouts never completed \(r\.g2\)[\s\S]*2 rollouts completed, expected 3[\s\S]*r\.g1 completed 2 times/,
-    );
-    const bad = new Map<string, CompletedAttempt[]>([['r.g0', [{ key: 'r.g0', reward: 1.5 }]], ['r.g1', [{ key: 'r.g1', reward: null }]], ['r.g2', done('r.g2')]]);
+    expect(
+      checkCompletions(
+        3,
+        started,
+        new Map([
+          ['r.g0', done('r.g0')],
+          ['r.g1', done('r.g1-a1')],
+          ['r.g2', done('r.g2')],
+        ]),
+      ),
+    ).toEqual([]);
+    expect(
+      checkCompletions(
+        3,
+        started,
+        new Map([
+          ['r.g0', done('r.g0')],
+          ['r.g1', done('r.g1', 'r.g1-a1')],
+        ]),
+      ).join('\n'),
+    ).toMatch(/1 rollouts never completed \(r\.g2\)[\s\S]*2 rollouts completed, expected 3[\s\S]*r\.g1 completed 2 times/);
+    const bad = new Map<string, CompletedAttempt[]>([
+      ['r.g0', [{ key: 'r.g0', reward: 1.5 }]],
+      ['r.g1', [{ key: 'r.g1', reward: null }]],
+      ['r.g2', done('r.g2')],
+    ]);
     expect(checkCompletions(3, started, bad)).toEqual(['r.g0: reward 1.5 outside [0, 1]', 'r.g1: reward null outside [0, 1]']);
   });
 

@@ -14,7 +14,15 @@ import { topologyFingerprint } from '../../activities/gym.js';
 import { closeActivityPools, createActivities } from '../../activities/index.js';
 import { allocateSnapshot, finalizeSnapshot, validateSnapshot, writeLedgerCut } from '../../activities/snapshots.js';
 import { taskAt } from '../../activities/dataset.js';
-import { GYM_COMMIT_FILE, type CheckpointOutcome, type GymCommitFile, type GymTopology, type RolloutReport, type RunEpisodeInput, type SnapshotManifestSlim } from '../../protocol/controller.js';
+import {
+  GYM_COMMIT_FILE,
+  type CheckpointOutcome,
+  type GymCommitFile,
+  type GymTopology,
+  type RolloutReport,
+  type RunEpisodeInput,
+  type SnapshotManifestSlim,
+} from '../../protocol/controller.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 import { tempDir } from '../helpers/temp-dir.js';
@@ -255,7 +263,13 @@ describe('Gym coordination activities', () => {
     first.env.upsert('r1', { atBoundary: true, payload: 'p1' });
     await run(acts.gymPrepare, { topology: first.topology, checkpointId: 'ckpt-s', timeoutS: 10 });
     const dir = path.join(tmp, 'snap');
-    await run(acts.gymCommit, { topology: first.topology, checkpointId: 'ckpt-s', timeoutS: 10, checkpointDir: dir, scope: [{ rollout_id: 'r1', attempt: 0 }] });
+    await run(acts.gymCommit, {
+      topology: first.topology,
+      checkpointId: 'ckpt-s',
+      timeoutS: 10,
+      checkpointDir: dir,
+      scope: [{ rollout_id: 'r1', attempt: 0 }],
+    });
     await Promise.all(apps.splice(0).map((a) => a.close()));
 
     await fsp.rm(path.join(tmp, 'run'), { recursive: true });
@@ -313,7 +327,11 @@ async function fakeEnvironment(): Promise<FakeEnv> {
             failure: null,
           });
         case 'fail':
-          return send(200, { ...reply, result: null, failure: { failure_reason: 'the agent crashed', terminal: true, stage: 'agent', failure_kind: 'agent_error' } });
+          return send(200, {
+            ...reply,
+            result: null,
+            failure: { failure_reason: 'the agent crashed', terminal: true, stage: 'agent', failure_kind: 'agent_error' },
+          });
         case 'stale':
           return send(409, { error: { code: 'stale_attempt', detail: 'attempt 0 of stale was retired' } });
         case 'closed':

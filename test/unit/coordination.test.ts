@@ -207,8 +207,10 @@ describe('prepare', () => {
   });
 
   it('forwards the sorted union of earlier restarts, only when non-empty', async () => {
-    const restarts = (keys: string[]): Script => (op) =>
-      op === 'prepare' ? { body: { phase: 'prepared', report: { ...okReport, restarts: keys } } } : undefined;
+    const restarts =
+      (keys: string[]): Script =>
+      (op) =>
+        op === 'prepare' ? { body: { phase: 'prepared', report: { ...okReport, restarts: keys } } } : undefined;
     const dep = await deployment([
       ['env', 'environment', restarts(['r2', 'r1-a1'])],
       ['policy', 'model'],
@@ -229,7 +231,11 @@ describe('prepare', () => {
   });
 
   it('sends no restarts field at all when no stage reports one', async () => {
-    const dep = await deployment([['env', 'environment'], ['policy', 'model'], ['agent', 'agent']]);
+    const dep = await deployment([
+      ['env', 'environment'],
+      ['policy', 'model'],
+      ['agent', 'agent'],
+    ]);
     await prepare(dep, { checkpointId: 'ckpt-3', deadlineTs: deadline() });
     for (const c of callsOf('prepare')) expect(c.body).not.toHaveProperty('restarts');
   });
@@ -242,7 +248,9 @@ describe('prepare', () => {
         'model',
         (op) =>
           op === 'prepare'
-            ? { body: { phase: 'preparing', report: { ready: false, blockers: ['r1', 'model-worker-lost'], blocker_count: 250, counts: {}, restarts: ['r9'] } } }
+            ? {
+                body: { phase: 'preparing', report: { ready: false, blockers: ['r1', 'model-worker-lost'], blocker_count: 250, counts: {}, restarts: ['r9'] } },
+              }
             : undefined,
       ],
       ['agent', 'agent'],
@@ -307,13 +315,29 @@ describe('prepare', () => {
 describe('commit, renew', () => {
   it('sends identical bytes to every participant, stop only when true, attempt always', async () => {
     const dep = await deployment([
-      ['env', 'environment', (op) => (op === 'commit' ? { body: { phase: 'committed', manifest: manifest('env', 'environment'), episode_ids: ['r2', 'r1-a1'] } } : undefined)],
-      ['env2', 'environment', (op) => (op === 'commit' ? { body: { phase: 'committed', manifest: manifest('env2', 'environment'), episode_ids: ['r3'] } } : undefined)],
-      ['policy', 'model', (op) => (op === 'commit' ? { body: { phase: 'committed', manifest: manifest('policy', 'model'), episode_ids: ['zz'], staging_keys: ['s/1'] } } : undefined)],
+      [
+        'env',
+        'environment',
+        (op) => (op === 'commit' ? { body: { phase: 'committed', manifest: manifest('env', 'environment'), episode_ids: ['r2', 'r1-a1'] } } : undefined),
+      ],
+      [
+        'env2',
+        'environment',
+        (op) => (op === 'commit' ? { body: { phase: 'committed', manifest: manifest('env2', 'environment'), episode_ids: ['r3'] } } : undefined),
+      ],
+      [
+        'policy',
+        'model',
+        (op) =>
+          op === 'commit' ? { body: { phase: 'committed', manifest: manifest('policy', 'model'), episode_ids: ['zz'], staging_keys: ['s/1'] } } : undefined,
+      ],
       ['agent', 'agent'],
       ['res', 'resources'],
     ]);
-    const scope = [{ rollout_id: 'r1', attempt: 1 }, { rollout_id: 'r2', attempt: 0 }];
+    const scope = [
+      { rollout_id: 'r1', attempt: 1 },
+      { rollout_id: 'r2', attempt: 0 },
+    ];
     const replies = await commit(dep, { checkpointId: 'ckpt-6', deadlineTs: deadline(), checkpointDir: '/tmp/ck', scope });
     const commits = callsOf('commit');
     expect(commits.map((c) => c.server).sort()).toEqual(['agent', 'env', 'env2', 'policy', 'res']);
@@ -322,7 +346,10 @@ describe('commit, renew', () => {
       checkpoint_id: 'ckpt-6',
       deadline_ts: expect.any(Number),
       checkpoint_dir: '/tmp/ck',
-      episode_ids: [{ rollout_id: 'r1', attempt: 1 }, { rollout_id: 'r2', attempt: 0 }],
+      episode_ids: [
+        { rollout_id: 'r1', attempt: 1 },
+        { rollout_id: 'r2', attempt: 0 },
+      ],
     });
     expect(replies.policy!.staging_keys).toEqual(['s/1']);
     expect(committedEnvironmentKeys(dep, replies)).toEqual(['r1-a1', 'r2', 'r3']);
@@ -360,7 +387,11 @@ describe('commit, renew', () => {
   });
 
   it('renew fans out to everyone', async () => {
-    const dep = await deployment([['env', 'environment'], ['policy', 'model'], ['res', 'resources']]);
+    const dep = await deployment([
+      ['env', 'environment'],
+      ['policy', 'model'],
+      ['res', 'resources'],
+    ]);
     const d = deadline();
     const replies = await renew(dep, { checkpointId: 'ckpt-9', deadlineTs: d });
     expect(Object.keys(replies).sort()).toEqual(['env', 'policy', 'res']);
@@ -393,7 +424,11 @@ describe('resume', () => {
       ['env', 'environment', (op) => (op === 'resume' ? { status: 500, text: 'Internal Server Error' } : undefined)],
       ['policy', 'model', (op) => (op === 'resume' ? { status: 422, body: { detail: [{ type: 'missing', loc: ['body', 'deadline_ts'] }] } } : undefined)],
       ['agent', 'agent'],
-      ['res', 'resources', (op) => (op === 'resume' ? { status: 409, body: { error: { code: 'deadline_exceeded', detail: 'cleanup still running' } } } : undefined)],
+      [
+        'res',
+        'resources',
+        (op) => (op === 'resume' ? { status: 409, body: { error: { code: 'deadline_exceeded', detail: 'cleanup still running' } } } : undefined),
+      ],
     ]);
     const err = await resume(dep, { checkpointId: 'ckpt-1', deadlineTs: deadline() }).catch((e) => e);
     expect(err).toBeInstanceOf(CoordinationError);
@@ -428,7 +463,10 @@ describe('resume', () => {
 
 describe('restore', () => {
   it('on success returns the replies; one body for all', async () => {
-    const dep = await deployment([['env', 'environment'], ['policy', 'model']]);
+    const dep = await deployment([
+      ['env', 'environment'],
+      ['policy', 'model'],
+    ]);
     const replies = await restore(dep, {
       checkpointId: 'restore-1',
       deadlineTs: deadline(),
@@ -456,7 +494,10 @@ describe('restore', () => {
       checkpointId: 'restore-2',
       deadlineTs: d,
       checkpointDir: '/ck',
-      scope: [{ rollout_id: 'r1', attempt: 0 }, { rollout_id: 'r2', attempt: 3 }],
+      scope: [
+        { rollout_id: 'r1', attempt: 0 },
+        { rollout_id: 'r2', attempt: 3 },
+      ],
       log: (m) => logged.push(m),
     }).catch((e) => e);
     expect(err).toBeInstanceOf(CoordinationError);
@@ -470,11 +511,17 @@ describe('restore', () => {
     expect(retires.map((c) => c.server)).toEqual(['env', 'agent']);
     for (const c of retires) {
       expect(c.body.checkpoint_id).toBe('restore-2');
-      expect(c.body.episode_ids).toEqual([{ rollout_id: 'r1', attempt: 1 }, { rollout_id: 'r2', attempt: 4 }]);
+      expect(c.body.episode_ids).toEqual([
+        { rollout_id: 'r1', attempt: 1 },
+        { rollout_id: 'r2', attempt: 4 },
+      ]);
       // Cleanup deadline = max(deadline, now + 30 s).
       expect(c.body.deadline_ts).toBeGreaterThan(d + 25);
     }
-    expectAfter(retires.filter((c) => c.server === 'env'), retires.filter((c) => c.server === 'agent'));
+    expectAfter(
+      retires.filter((c) => c.server === 'env'),
+      retires.filter((c) => c.server === 'agent'),
+    );
     // Everyone resumed, reverse order, with the restore's ID.
     expect(serversOf('resume')).toEqual(['res', 'agent', 'policy', 'env']);
     for (const c of callsOf('resume')) expect(c.body.checkpoint_id).toBe('restore-2');
@@ -488,7 +535,11 @@ describe('restore', () => {
       ['env', 'environment'],
       ['policy', 'model'],
       ['agent', 'agent'],
-      ['res', 'resources', (op) => (op === 'restore' ? { status: 503, body: { error: { code: 'checkpoint_coordinator_unavailable', detail: 'x' } } } : undefined)],
+      [
+        'res',
+        'resources',
+        (op) => (op === 'restore' ? { status: 503, body: { error: { code: 'checkpoint_coordinator_unavailable', detail: 'x' } } } : undefined),
+      ],
     ]);
     const err = await restore(dep, {
       checkpointId: 'restore-3',
@@ -500,7 +551,12 @@ describe('restore', () => {
     expect(isTransient(err)).toBe(true);
     const retires = callsOf('retire');
     expect(retires.slice(0, 2).map((c) => c.server)).toEqual(['env', 'agent']);
-    expect(retires.slice(2).map((c) => c.server).sort()).toEqual(['policy', 'res']);
+    expect(
+      retires
+        .slice(2)
+        .map((c) => c.server)
+        .sort(),
+    ).toEqual(['policy', 'res']);
     expect(serversOf('resume')).toEqual(['res', 'agent', 'policy', 'env']);
   });
 });
@@ -545,7 +601,10 @@ describe('retire and forget', () => {
   });
 
   it('skips the call when there is nothing to retire or forget', async () => {
-    const dep = await deployment([['env', 'environment'], ['policy', 'model']]);
+    const dep = await deployment([
+      ['env', 'environment'],
+      ['policy', 'model'],
+    ]);
     expect(await retire(dep, { deadlineTs: deadline(), episodes: [] })).toEqual({});
     expect(await forget(dep, { deadlineTs: deadline(), rolloutIds: [] })).toEqual({});
     expect(calls).toEqual([]);
@@ -561,7 +620,12 @@ describe('retire and forget', () => {
     const replies = await forget(dep, { deadlineTs: deadline(), rolloutIds: ['b', 'a', 'b', 'c.1', 'a'] });
     const forgets = callsOf('forget');
     expect(forgets.slice(0, 2).map((c) => c.server)).toEqual(['env', 'agent']);
-    expect(forgets.slice(2).map((c) => c.server).sort()).toEqual(['policy', 'res']);
+    expect(
+      forgets
+        .slice(2)
+        .map((c) => c.server)
+        .sort(),
+    ).toEqual(['policy', 'res']);
     for (const c of forgets) expect(c.body).toEqual({ checkpoint_id: 'forget', deadline_ts: expect.any(Number), rollout_ids: ['a', 'b', 'c.1'] });
     expect(replies.env).toEqual({ forgotten_count: 3 });
     expect(replies.policy).toEqual({ forgotten_count: 2, forgotten: ['a', 'b'] });
@@ -593,7 +657,9 @@ describe('discover', () => {
   it('fails listing every failed server: unknown kind, non-200, silence, refused', async () => {
     const policy = await fake('policy', 'model');
     const odd = await fake('odd', 'controller');
-    const locked = await fake('locked', 'agent', (op) => (op === 'status' ? { status: 401, body: { error: { code: 'unauthorized', detail: 'bad token' } } } : undefined));
+    const locked = await fake('locked', 'agent', (op) =>
+      op === 'status' ? { status: 401, body: { error: { code: 'unauthorized', detail: 'bad token' } } } : undefined,
+    );
     const silent = await silentServer();
     const refused = await refusedUrl();
     const started = Date.now();
@@ -625,7 +691,10 @@ describe('discover', () => {
     const policy = await fake('policy', 'model');
     const slam = await slammingServer();
     const err = await discover({
-      servers: [{ name: 'policy', url: policy.url }, { name: 'slam', url: slam.url }],
+      servers: [
+        { name: 'policy', url: policy.url },
+        { name: 'slam', url: slam.url },
+      ],
       token: TOKEN,
       retryDelayMs: 10,
     }).catch((e) => e);

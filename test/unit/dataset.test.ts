@@ -1,27 +1,10 @@
 // The task dataset and dataloader, and the task/run schemas and digest of protocol/tasks.ts.
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import {
-  COUNTER_TOOLS,
-  WEATHER_TOOLS,
-  generateTasks,
-  promptGroups,
-  siblingTask,
-  stampGroupMember,
-  taskAt,
-} from '../../activities/dataset.js';
+import { COUNTER_TOOLS, WEATHER_TOOLS, generateTasks, promptGroups, siblingTask, stampGroupMember, taskAt } from '../../activities/dataset.js';
 import { canonicalJson } from '../../protocol/canonical-json.js';
 import { ResponsesFunctionToolSchema } from '../../protocol/openai.js';
-import {
-  CITIES,
-  RunReplySchema,
-  RunRequestSchema,
-  TaskSchema,
-  parseTaskLine,
-  renderTaskLine,
-  taskDigest,
-  type Task,
-} from '../../protocol/tasks.js';
+import { CITIES, RunReplySchema, RunRequestSchema, TaskSchema, parseTaskLine, renderTaskLine, taskDigest, type Task } from '../../protocol/tasks.js';
 import { situationOf } from '../../servers/inference/policy.js';
 
 const userText = (t: Task): string => {
@@ -159,7 +142,8 @@ describe('taskDigest', () => {
   it('is SHA-256 of Python-style canonical JSON', () => {
     // Reference from python3: json.dumps(v, sort_keys=True, separators=(",", ":")).
     const v = { b: [1, 2.5, null, true], a: { z: 'é€😀\u007f\n\t"\\', y: -3, Ä: 1, a: 'x/y' }, '\ue000': 1, '😀': 2 };
-    const expected = '{"a":{"a":"x/y","y":-3,"z":"\\u00e9\\u20ac\\ud83d\\ude00\\u007f\\n\\t\\"\\\\","\\u00c4":1},"b":[1,2.5,null,true],"\\ue000":1,"\\ud83d\\ude00":2}';
+    const expected =
+      '{"a":{"a":"x/y","y":-3,"z":"\\u00e9\\u20ac\\ud83d\\ude00\\u007f\\n\\t\\"\\\\","\\u00c4":1},"b":[1,2.5,null,true],"\\ue000":1,"\\ud83d\\ude00":2}';
     expect(canonicalJson(v)).toBe(expected);
     expect(createHash('sha256').update(expected).digest('hex')).toBe('d5849b9ddd1ab35feddc1181e9591933b2b8de30544ffdfcdb593e217975211c');
   });

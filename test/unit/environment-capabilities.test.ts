@@ -27,7 +27,13 @@ describe('environmentCapabilities', () => {
       group_size: null,
       cohort_collection_timeout_s: null,
     });
-    expect(caps.genrm_env).toMatchObject({ supports_continuations: true, resources_checkpoint_mode: 'stateless', verify_replayable: true, group_size: 4, cohort_collection_timeout_s: 1800 });
+    expect(caps.genrm_env).toMatchObject({
+      supports_continuations: true,
+      resources_checkpoint_mode: 'stateless',
+      verify_replayable: true,
+      group_size: 4,
+      cohort_collection_timeout_s: 1800,
+    });
     expect(caps.restart_env).toMatchObject({ agent: 'plain_agent', supports_continuations: false, resources_checkpoint_mode: 'restart_only' });
   });
 

@@ -66,7 +66,13 @@ describe('policyGradient', () => {
         ]),
       ],
     },
-    { siblings: [sib(0.75, [{ situation: 'genrm', action: 'answer_b' }]), sib(1, [{ situation: 'genrm', action: 'answer_a' }]), sib(0, [{ situation: 'genrm', action: 'answer_d' }], true)] },
+    {
+      siblings: [
+        sib(0.75, [{ situation: 'genrm', action: 'answer_b' }]),
+        sib(1, [{ situation: 'genrm', action: 'answer_a' }]),
+        sib(0, [{ situation: 'genrm', action: 'answer_d' }], true),
+      ],
+    },
     // Equal rewards: calls count in the average but push nothing.
     { siblings: [sib(1, [{ situation: 'weather:calls=0', action: 'call_right_city' }]), sib(1, [{ situation: 'weather:calls=0', action: 'answer' }])] },
   ];
@@ -116,8 +122,22 @@ describe('policyGradient', () => {
   });
 
   it('skips calls the policy does not know', () => {
-    const g: GrpoGroup[] = [{ siblings: [sib(1, [{ situation: 'chess', action: 'e4' }, { situation: 'genrm', action: 'answer_z' }]), sib(0, [{ situation: 'genrm', action: 'answer_a' }])] }];
-    const r = policyGradient(logits, g, g.map((x) => groupAdvantages(x.siblings)));
+    const g: GrpoGroup[] = [
+      {
+        siblings: [
+          sib(1, [
+            { situation: 'chess', action: 'e4' },
+            { situation: 'genrm', action: 'answer_z' },
+          ]),
+          sib(0, [{ situation: 'genrm', action: 'answer_a' }]),
+        ],
+      },
+    ];
+    const r = policyGradient(
+      logits,
+      g,
+      g.map((x) => groupAdvantages(x.siblings)),
+    );
     expect(r.unknownCalls).toBe(2);
     expect(r.usedCalls).toBe(1);
     expect(Object.keys(r.gradient)).toEqual(['genrm']);
@@ -128,7 +148,10 @@ describe('adamStep', () => {
   it('first step moves each coordinate by ≈ lr · sign(g); untouched situations keep logits and moments', () => {
     const logits = initialWeights().logits;
     const opt = initialOptimizer({ lr: 0.5 });
-    const gradient: Table = { genrm: { answer_a: 0.3, answer_b: -0.1, answer_c: -0.2, answer_d: 0 }, 'weather:calls=1': { call_right_city: 0, call_wrong_city: 0, answer: 0 } };
+    const gradient: Table = {
+      genrm: { answer_a: 0.3, answer_b: -0.1, answer_c: -0.2, answer_d: 0 },
+      'weather:calls=1': { call_right_city: 0, call_wrong_city: 0, answer: 0 },
+    };
     const r = adamStep(logits, opt, gradient);
     expect(r.updated).toEqual(['genrm']);
     expect(r.optimizer.t).toBe(1);
@@ -241,7 +264,9 @@ function train(run: string, steps: number, groups = 4, size = 4, lr?: number): {
 describe('grpoStep', () => {
   it('is deterministic: the same batch on the same state gives bit-identical weights', () => {
     const w = initialWeights();
-    const batch: GrpoGroup[] = [0, 1, 2, 3].map((g) => ({ siblings: [0, 1, 2, 3].map((k) => ({ ...episode(w, taskLine(g), `det-${g}-${k}`), mask: k === 3 && g === 0 })) }));
+    const batch: GrpoGroup[] = [0, 1, 2, 3].map((g) => ({
+      siblings: [0, 1, 2, 3].map((k) => ({ ...episode(w, taskLine(g), `det-${g}-${k}`), mask: k === 3 && g === 0 })),
+    }));
     const a = grpoStep({ logits: w.logits, optimizer: initialOptimizer(), groups: batch });
     const b = grpoStep({ logits: structuredClone(w.logits), optimizer: initialOptimizer(), groups: structuredClone(batch) });
     expect(JSON.stringify(b)).toBe(JSON.stringify(a));

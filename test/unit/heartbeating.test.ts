@@ -3,7 +3,6 @@ import { describe, expect, it } from 'vitest';
 import { heartbeating } from '../../activities/activity-context.js';
 import { sleep } from '../helpers/wait.js';
 
-
 describe('heartbeating', () => {
   it('sends nothing for a call that ends within one interval', async () => {
     const env = new MockActivityEnvironment();
@@ -44,7 +43,11 @@ describe('heartbeating', () => {
   it('turns what the call threw into the cancellation once the activity is cancelled', async () => {
     const env = new MockActivityEnvironment();
     const run = env.run(() =>
-      heartbeating({ op: 'cancelled' }, (signal) => new Promise((_, reject) => signal!.addEventListener('abort', () => reject(new Error('aborted request')))), 50),
+      heartbeating(
+        { op: 'cancelled' },
+        (signal) => new Promise((_, reject) => signal!.addEventListener('abort', () => reject(new Error('aborted request')))),
+        50,
+      ),
     );
     setTimeout(() => env.cancel('CANCELLED'), 20);
     await expect(run).rejects.toMatchObject({ name: 'CancelledFailure' });

@@ -6,7 +6,8 @@ import * as L from '../../workflows/ledger.js';
 import { dispatchAll, ep, reserve as reserveGroup } from '../helpers/ledger.js';
 
 /** A counter_env group of `size` siblings (the shared fixture, positional). */
-const reserve = (l: L.Ledger, id: string, size = 2, granularity: L.RecoveryGranularity = 'sibling'): L.PromptGroup => reserveGroup(l, id, { size, granularity });
+const reserve = (l: L.Ledger, id: string, size = 2, granularity: L.RecoveryGranularity = 'sibling'): L.PromptGroup =>
+  reserveGroup(l, id, { size, granularity });
 
 describe('ledger: reserve and dispatch', () => {
   it('reserves a group with stable rollout IDs, every sibling at a reserved attempt 0', () => {
@@ -205,8 +206,14 @@ describe('recovery transitions', () => {
   const reserveOne = () => {
     const l = L.emptyLedger('run');
     const g = L.reserveGroup(l, {
-      group_id: 'g1', prompt_id: 'p', task_source: 'counter', environment: 'counter_env',
-      recovery_granularity: 'sibling', restore_level: 'turn', target_step: 0, tasks: [{}, {}],
+      group_id: 'g1',
+      prompt_id: 'p',
+      task_source: 'counter',
+      environment: 'counter_env',
+      recovery_granularity: 'sibling',
+      restore_level: 'turn',
+      target_step: 0,
+      tasks: [{}, {}],
     });
     L.markDispatched(g, g.siblings[0]!, 'counter_env');
     L.markDispatched(g, g.siblings[1]!, 'counter_env');

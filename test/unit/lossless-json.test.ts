@@ -21,7 +21,9 @@ function tag(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(tag).join(',')}]`;
   if (v && typeof v === 'object') {
     const proto = Object.getPrototypeOf(v) === Object.prototype ? '' : '!proto';
-    return `P{${Object.keys(v).map((k) => `${JSON.stringify(k)}:${tag((v as Record<string, unknown>)[k])}`).join(',')}${proto}}`;
+    return `P{${Object.keys(v)
+      .map((k) => `${JSON.stringify(k)}:${tag((v as Record<string, unknown>)[k])}`)
+      .join(',')}${proto}}`;
   }
   return JSON.stringify(v);
 }
@@ -95,7 +97,14 @@ describe('parseLossless / stringifyLossless', () => {
     expect(stringifyLossless(plain)).toBe('{"0":1,"1":2,"x":3,"4294967295":4}');
     expect((v as OrderedObject).toPlain()).toMatchObject({ b: 1, a: [expect.anything()] });
     // Any Map with string keys is written as an object in its own order.
-    expect(stringifyLossless(new Map<string, unknown>([['b', 1], ['2', 2]]))).toBe('{"b":1,"2":2}');
+    expect(
+      stringifyLossless(
+        new Map<string, unknown>([
+          ['b', 1],
+          ['2', 2],
+        ]),
+      ),
+    ).toBe('{"b":1,"2":2}');
   });
 
   it('round-trips nested values and unicode', () => {
@@ -154,9 +163,33 @@ describe('parseLossless / stringifyLossless', () => {
   it('agrees with the slow parser on every input (fast-path soundness)', () => {
     const rnd = seeded(7);
     const pick = <T>(a: T[]) => a[Math.floor(rnd() * a.length)]!;
-    const nums = ['0', '-0', '1', '1.0', '1.5', '1e+16', '1E5', '1e-7', '0.000001', '0.0000012', '123456789012345',
-      '1234567890123456', '9007199254740991', '9007199254740992', '-9007199254740993', '1180591620717411303424',
-      '0.1', '0.30000000000000004', '0.10000000000000001', '1.50', '2.5e-3', 'NaN', 'Infinity', '-Infinity', '1e21'];
+    const nums = [
+      '0',
+      '-0',
+      '1',
+      '1.0',
+      '1.5',
+      '1e+16',
+      '1E5',
+      '1e-7',
+      '0.000001',
+      '0.0000012',
+      '123456789012345',
+      '1234567890123456',
+      '9007199254740991',
+      '9007199254740992',
+      '-9007199254740993',
+      '1180591620717411303424',
+      '0.1',
+      '0.30000000000000004',
+      '0.10000000000000001',
+      '1.50',
+      '2.5e-3',
+      'NaN',
+      'Infinity',
+      '-Infinity',
+      '1e21',
+    ];
     const strs = ['"a"', '"\\""', '"\\\\"', '"x\\\\\\"y"', '"é"', '"\\u00e9"', '"\\ud800"', '"12"', '"NaN 1.0"', '""'];
     const keys = ['"a"', '"b"', '"0"', '"1"', '"10"', '"2"', '"01"', '"4294967295"', '"__proto__"', '"x\\"y"'];
     const gen = (d: number): string => {
@@ -197,7 +230,11 @@ describe('JsonLineEncoder', () => {
       }
       if (r < 0.55) return str();
       if (r < 0.7) return Array.from({ length: Math.floor(rnd() * 5) }, () => val(d + 1));
-      if (r < 0.75) return new OrderedObject([['b', val(d + 1) as LosslessValue], ['2', val(d + 1) as LosslessValue]]);
+      if (r < 0.75)
+        return new OrderedObject([
+          ['b', val(d + 1) as LosslessValue],
+          ['2', val(d + 1) as LosslessValue],
+        ]);
       const o: Record<string, unknown> = {};
       for (let i = 0; i < Math.floor(rnd() * 5); i++) o[pick(['a', '0', '10', 'key "q"', 'é', str()])] = rnd() < 0.1 ? undefined : val(d + 1);
       return o;
@@ -209,8 +246,10 @@ describe('JsonLineEncoder', () => {
 
   it('escapes every UTF-16 unit exactly like JSON.stringify (controls, surrogates)', () => {
     const rnd = seeded(99);
-    const units = [0x00, 0x08, 0x09, 0x0a, 0x0c, 0x0d, 0x1f, 0x20, 0x22, 0x5c, 0x7f, 0x80, 0xff, 0x100, 0x7ff, 0x800,
-      0x7fff, 0x8000, 0xd7ff, 0xd800, 0xdbff, 0xdc00, 0xdfff, 0xe000, 0xfffd, 0xffff, 0x4e2d];
+    const units = [
+      0x00, 0x08, 0x09, 0x0a, 0x0c, 0x0d, 0x1f, 0x20, 0x22, 0x5c, 0x7f, 0x80, 0xff, 0x100, 0x7ff, 0x800, 0x7fff, 0x8000, 0xd7ff, 0xd800, 0xdbff, 0xdc00, 0xdfff,
+      0xe000, 0xfffd, 0xffff, 0x4e2d,
+    ];
     const strings: string[] = [];
     for (let k = 0; k < 20000; k++) {
       const n = Math.floor(rnd() * 80);

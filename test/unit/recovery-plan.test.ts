@@ -109,7 +109,11 @@ describe('settleRecovery', () => {
     dispatchAll(l);
     L.sealAttempt(l, ep('run.p0.g0'), 1, false);
     L.sealAttempt(l, ep('run.p1.g0'), 1, false);
-    const out = settleRecovery(l, planRecovery(l, { lastSnapshot: SNAPSHOT, lastSnapshotScope: ['run.p0.g1'] }), { restored: new Set(), restoreFailed: false, cold: false });
+    const out = settleRecovery(l, planRecovery(l, { lastSnapshot: SNAPSHOT, lastSnapshotScope: ['run.p0.g1'] }), {
+      restored: new Set(),
+      restoreFailed: false,
+      cold: false,
+    });
     expect(out).toMatchObject({ continued: [], superseded: 1 });
     expect(out.restarted.sort()).toEqual(['run.p0.g0-a1', 'run.p0.g1-a1']);
     expect(g.status).toBe('generating');

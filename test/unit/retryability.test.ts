@@ -16,9 +16,7 @@ describe('retryability', () => {
 
   it('the workflow list adds only the activities own final failure types', () => {
     const extra = NON_RETRYABLE_ERROR_TYPES.filter((t) => !(ERROR_CODES as readonly string[]).includes(t));
-    expect(extra.sort()).toEqual(
-      [FAILURE_TYPES.notReady, FAILURE_TYPES.invariant, FAILURE_TYPES.trainerBehind, FAILURE_TYPES.trainerAhead].sort(),
-    );
+    expect(extra.sort()).toEqual([FAILURE_TYPES.notReady, FAILURE_TYPES.invariant, FAILURE_TYPES.trainerBehind, FAILURE_TYPES.trainerAhead].sort());
     expect(NON_RETRYABLE_ERROR_TYPES).not.toContain(FAILURE_TYPES.transient);
     expect(NON_RETRYABLE_ERROR_TYPES).not.toContain(FAILURE_TYPES.storage);
   });

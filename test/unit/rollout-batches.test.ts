@@ -101,15 +101,25 @@ describe('the rollout batches file', () => {
     await collectBatch(input(1, s('a')));
     await collectBatch(input(2, s('b')));
     await collectBatch(input(2, s('b'))); // the activity ran again
-    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([[1, 'a'], [2, 'b']]);
+    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([
+      [1, 'a'],
+      [2, 'b'],
+    ]);
     // A run that took the directory over from a snapshot at step 1 collects step 2 anew.
     await collectBatch(input(3, s('c')));
     await collectBatch(input(2, s('b2')));
-    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([[1, 'a'], [2, 'b2']]);
+    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([
+      [1, 'a'],
+      [2, 'b2'],
+    ]);
     // A crash in the middle of an append left half a line.
     await appendFile(join(checkpointDir, ROLLOUT_BATCHES_FILE), '{"format":"rollout-checkpoint/rollout-batch/1","step":3,"rol');
     await collectBatch(input(3, s('c')));
-    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([[1, 'a'], [2, 'b2'], [3, 'c']]);
+    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.step, l.rollout_id])).toEqual([
+      [1, 'a'],
+      [2, 'b2'],
+      [3, 'c'],
+    ]);
   });
 
   it('refuses a file that is not ours, as an invariant (not retried)', async () => {
@@ -140,10 +150,21 @@ describe('trainStep with trainer none', () => {
       gymRunDir,
       expectedVersion: 0,
       step: 1,
-      batch: [{ group_id: 'p0', siblings: [{ rollout_id: 'g', reward: 1, mask: false, captureKeys: ['g'] }, { rollout_id: 'h', reward: 0, mask: true, captureKeys: ['h'] }] }],
+      batch: [
+        {
+          group_id: 'p0',
+          siblings: [
+            { rollout_id: 'g', reward: 1, mask: false, captureKeys: ['g'] },
+            { rollout_id: 'h', reward: 0, mask: true, captureKeys: ['h'] },
+          ],
+        },
+      ],
     });
     expect(r).toMatchObject({ version: 0, step: 1, meanReward: 1, usedCalls: 1, contributingGroups: 0 });
-    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.rollout_id, l.mask, l.calls.length])).toEqual([['g', false, 1], ['h', true, 0]]);
+    expect((await readRolloutBatches(checkpointDir)).map((l) => [l.rollout_id, l.mask, l.calls.length])).toEqual([
+      ['g', false, 1],
+      ['h', true, 0],
+    ]);
   });
 
   it('tiny_grpo still needs the backend to refit', async () => {

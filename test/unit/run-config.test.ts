@@ -36,7 +36,10 @@ describe('the llama.cpp examples', () => {
     expect(cfg.trainer).toEqual({ kind: 'none', enabled: true });
     expect(cfg.grpo.environments).toEqual({ weather: 'weather_env' });
     const { validateDeploymentFile } = await import('../../servers/launcher/validate.js');
-    const v = await validateDeploymentFile(path.join(import.meta.dirname, '..', '..', 'examples', 'gym-llama.yaml'), { GYM_CONTROL_TOKEN: 't', LLAMA_API_KEY: 'k' });
+    const v = await validateDeploymentFile(path.join(import.meta.dirname, '..', '..', 'examples', 'gym-llama.yaml'), {
+      GYM_CONTROL_TOKEN: 't',
+      LLAMA_API_KEY: 'k',
+    });
     expect(Object.keys(v.deployment.servers).sort()).toEqual(['policy_model', 'simple_agent', 'weather', 'weather_env']);
     expect(v.deployment.servers.policy_model!.options).toMatchObject({ backend_api: 'openai', served_model: 'smollm2', api_key_env: 'LLAMA_API_KEY' });
   });

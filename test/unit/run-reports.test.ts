@@ -40,13 +40,13 @@ function dispatchReserved(st: RunState): void {
   }
 }
 
-
 function report(episode: EpisodeId, over: Partial<RolloutReport> = {}): RolloutReport {
   const completed = over.status === undefined || over.status === 'completed';
   return { captureKey: captureKey(episode), episode, status: 'completed', reward: completed ? 0.5 : null, terminal: false, result: null, seconds: 1, ...over };
 }
 
-const failed = (episode: EpisodeId, over: Partial<RolloutReport> = {}): RolloutReport => report(episode, { status: 'failed', reward: null, reason: 'tool call failed', ...over });
+const failed = (episode: EpisodeId, over: Partial<RolloutReport> = {}): RolloutReport =>
+  report(episode, { status: 'failed', reward: null, reason: 'tool call failed', ...over });
 
 describe('applyReports', () => {
   it('seals a completed attempt once: in flight and its deadline gone, counted once even if reported twice', () => {
@@ -115,7 +115,7 @@ describe('applyReports', () => {
     for (const sib of st.ledger.groups['reports.p0']!.siblings) expect(L.currentAttempt(sib)).toMatchObject({ gym_attempt: 0, status: 'dispatched' });
   });
 
-  it('during a recovery a live failure is the crash\'s at once; a timed-out attempt is charged at once', () => {
+  it("during a recovery a live failure is the crash's at once; a timed-out attempt is charged at once", () => {
     const st = runWithGroup(2);
     st.recoveryNeeded = true;
     st.reports = [failed(ep('reports.p0.g0')), failed(ep('reports.p0.g1'), { status: 'timed_out', reason: 'rollout deadline expired' })];

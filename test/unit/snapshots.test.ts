@@ -17,7 +17,15 @@ import {
   writeSnapshotManifest,
 } from '../../activities/snapshots.js';
 import { topologyFingerprint } from '../../activities/gym.js';
-import { GYM_COMMIT_FILE, commitSummaries, type GymCommitFile, type GymParticipantCommit, type SnapshotLocation, type SnapshotManifest, type SnapshotManifestSlim } from '../../protocol/controller.js';
+import {
+  GYM_COMMIT_FILE,
+  commitSummaries,
+  type GymCommitFile,
+  type GymParticipantCommit,
+  type SnapshotLocation,
+  type SnapshotManifest,
+  type SnapshotManifestSlim,
+} from '../../protocol/controller.js';
 import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage/index.js';
 import { tempDir } from '../helpers/temp-dir.js';
@@ -157,9 +165,26 @@ describe('writeLedgerCut / writeSnapshotManifest', () => {
     const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
     const manifest = await writeBundle(loc);
     const [name, p] = Object.entries(manifest.gym_checkpoint.participants)[0]!;
-    const broken = { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants: { ...manifest.gym_checkpoint.participants, [name]: { ...p, episode_ids: [...p.episode_ids, 'not a key'] } } } };
-    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: broken }), 'invariant_error', new RegExp(`participants\\.${name}\\.episode_ids\\.${p.episode_ids.length}: not a valid capture key`));
-    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, scope: [7] } } as unknown as SnapshotManifest }), 'invariant_error', /scope\.0/);
+    const broken = {
+      ...manifest,
+      gym_checkpoint: {
+        ...manifest.gym_checkpoint,
+        participants: { ...manifest.gym_checkpoint.participants, [name]: { ...p, episode_ids: [...p.episode_ids, 'not a key'] } },
+      },
+    };
+    await expectFailure(
+      writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: broken }),
+      'invariant_error',
+      new RegExp(`participants\\.${name}\\.episode_ids\\.${p.episode_ids.length}: not a valid capture key`),
+    );
+    await expectFailure(
+      writeSnapshotManifest({
+        tmpDir: loc.tmpDir,
+        manifest: { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, scope: [7] } } as unknown as SnapshotManifest,
+      }),
+      'invariant_error',
+      /scope\.0/,
+    );
   });
 });
 
@@ -205,7 +230,11 @@ describe('applyRetention', () => {
   });
 
   it('counts k across anchors, newest anchor first (step_10 after step_9, not by name)', async () => {
-    await layout({ step_9: ['snapshot_000001', 'snapshot_000002'], step_10: ['snapshot_000001'], step_2: ['snapshot_000005'] }, ['step_2', 'step_9', 'step_10']);
+    await layout({ step_9: ['snapshot_000001', 'snapshot_000002'], step_10: ['snapshot_000001'], step_2: ['snapshot_000005'] }, [
+      'step_2',
+      'step_9',
+      'step_10',
+    ]);
     const deleted = await applyRetention({ checkpointDir: dir, keepLatestK: 2 });
     expect(deleted).toEqual(['step_9/snapshot_000001', 'step_2/snapshot_000005']);
     expect(await listing('step_10')).toEqual(['snapshot_000001']);
@@ -305,7 +334,11 @@ describe('finalizeSnapshot', () => {
     const fewer = commitFileOf(manifest);
     fewer.participants = { ...fewer.participants, env: { ...fewer.participants.env!, episode_ids: ['r0'] } };
     await fsp.writeFile(file, JSON.stringify(fewer));
-    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /participant env .* with 1 episodes, the commit .* with 3/);
+    await expectFailure(
+      finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }),
+      'invariant_error',
+      /participant env .* with 1 episodes, the commit .* with 3/,
+    );
     await fsp.writeFile(file, '{"checkpoint_id": 1}');
     await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /is invalid at/);
     expect(existsSync(loc.finalDir)).toBe(false);

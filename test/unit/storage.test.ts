@@ -44,7 +44,11 @@ function sampleRecords(): CheckpointRecord[] {
     {
       episode_id: { rollout_id: 'task2-roll0', attempt: 2 },
       task_digest: 'b'.repeat(64),
-      boundary: new OrderedObject([['b', 1], ['2', 'two'], ['text', 'é東😀\n"q"']]),
+      boundary: new OrderedObject([
+        ['b', 1],
+        ['2', 'two'],
+        ['text', 'é東😀\n"q"'],
+      ]),
     },
     { episode_id: { rollout_id: 'task3-roll1', attempt: 1 }, task_digest: 'c'.repeat(64), boundary: null },
   ];
@@ -85,10 +89,25 @@ function handWritten(content: string | Buffer, manifest: Record<string, unknown>
   const digest = sha256(bytes);
   const name = fileName ?? `records-${digest}.jsonl`;
   writeFileSync(path.join(dir, name), bytes);
-  const lines = bytes.length === 0 ? 0 : bytes.toString().split('\n').filter((l, i, a) => i < a.length - 1 || l !== '').length;
+  const lines =
+    bytes.length === 0
+      ? 0
+      : bytes
+          .toString()
+          .split('\n')
+          .filter((l, i, a) => i < a.length - 1 || l !== '').length;
   writeFileSync(
     path.join(dir, MANIFEST_FILE),
-    JSON.stringify({ schema_version: 1, kind: KIND, instance: INSTANCE, checkpoint_id: 'ckpt-1', records_file: name, records_sha256: digest, record_count: lines, ...manifest }),
+    JSON.stringify({
+      schema_version: 1,
+      kind: KIND,
+      instance: INSTANCE,
+      checkpoint_id: 'ckpt-1',
+      records_file: name,
+      records_sha256: digest,
+      record_count: lines,
+      ...manifest,
+    }),
   );
   return dir;
 }
@@ -247,8 +266,16 @@ describe('writeRecords / readRecords', () => {
   });
 
   it('refuses unsafe kind or instance path components', async () => {
-    for (const [kind, instance] of [['../x', INSTANCE], [KIND, '.hidden'], [KIND, 'a/b'], ['', INSTANCE], [KIND, '..']]) {
-      expect(await refusal(writeRecords({ checkpointDir: ckpt, kind: kind!, instance: instance!, checkpointId: 'c', records: [] }))).toMatch(/safe path component/);
+    for (const [kind, instance] of [
+      ['../x', INSTANCE],
+      [KIND, '.hidden'],
+      [KIND, 'a/b'],
+      ['', INSTANCE],
+      [KIND, '..'],
+    ]) {
+      expect(await refusal(writeRecords({ checkpointDir: ckpt, kind: kind!, instance: instance!, checkpointId: 'c', records: [] }))).toMatch(
+        /safe path component/,
+      );
       expect(await refusal(readRecords({ checkpointDir: ckpt, kind: kind!, instance: instance!, scope: null }))).toMatch(/safe path component/);
       expect(() => participantDir(ckpt, kind!, instance!)).toThrow(ProtocolError);
     }
@@ -271,7 +298,10 @@ describe('writeRecords / readRecords', () => {
   });
 });
 
-describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refuses every corrupt state (§9.7)', (_mode, field) => {
+describe.each([
+  ['eager', undefined],
+  ['deferred', 'x'],
+])('readRecords (%s) refuses every corrupt state (§9.7)', (_mode, field) => {
   const good = '{"episode_id":{"rollout_id":"a","attempt":0},"x":1}\n';
   beforeEach(() => {
     deferField = field;
@@ -344,7 +374,15 @@ describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refus
   });
 
   it('a record without a valid episode_id', async () => {
-    for (const line of ['{"x":1}', '[1]', '{"episode_id":"a"}', '{"episode_id":{"rollout_id":"x-a1"}}', '{"episode_id":{"rollout_id":"a","attempt":-1}}', '{"episode_id":{"rollout_id":"a","attempt":1.5}}', '{"episode_id":{"rollout_id":"a","extra":1}}']) {
+    for (const line of [
+      '{"x":1}',
+      '[1]',
+      '{"episode_id":"a"}',
+      '{"episode_id":{"rollout_id":"x-a1"}}',
+      '{"episode_id":{"rollout_id":"a","attempt":-1}}',
+      '{"episode_id":{"rollout_id":"a","attempt":1.5}}',
+      '{"episode_id":{"rollout_id":"a","extra":1}}',
+    ]) {
       rmSync(ckpt, { recursive: true, force: true });
       handWritten(`${line}\n`);
       expect(await refusal(read()), line).toMatch(/line 1 .* has no valid episode_id/);
@@ -361,7 +399,13 @@ describe.each([['eager', undefined], ['deferred', 'x']])('readRecords (%s) refus
     expect(detail).toMatch(/episode task1-a4/);
     expect(detail).toMatch(/x must be a string/);
     // Out of scope: never validated.
-    expect((await read(new Set(['other']), () => { throw new Error('no'); })).records).toEqual([]);
+    expect(
+      (
+        await read(new Set(['other']), () => {
+          throw new Error('no');
+        })
+      ).records,
+    ).toEqual([]);
   });
 });
 
@@ -395,8 +439,11 @@ describe('readRecords with a deferred field', () => {
     readRecords({ checkpointDir: ckpt, kind: KIND, instance: INSTANCE, scope, validate, defer: 'boundary', deferMinBytes: 0 });
   const plain = (records: CheckpointRecord[]) => records.map((r) => stringifyLossless({ ...r, boundary: materialized(r.boundary) }));
 
-  it('gives the eager read\'s records, the field unparsed until read; lines native JSON would misread are parsed eagerly', async () => {
-    const records = [...sampleRecords(), { episode_id: { rollout_id: 'task4-roll0', attempt: 0 }, task_digest: 'd'.repeat(64), boundary: { text: 'é東😀\n"q"', n: [1, 2.5, -0.25] } }];
+  it("gives the eager read's records, the field unparsed until read; lines native JSON would misread are parsed eagerly", async () => {
+    const records = [
+      ...sampleRecords(),
+      { episode_id: { rollout_id: 'task4-roll0', attempt: 0 }, task_digest: 'd'.repeat(64), boundary: { text: 'é東😀\n"q"', n: [1, 2.5, -0.25] } },
+    ];
     await write(records);
     const eager = await read();
     const seen: unknown[] = [];
@@ -416,7 +463,13 @@ describe('readRecords with a deferred field', () => {
     expect(materialized(lazy.records[2]!.boundary)).toBeNull();
     // written back as its value, by either writer
     expect(JSON.parse(JSON.stringify(lazy.records[3]))).toEqual(JSON.parse(JSON.stringify(eager.records[3])));
-    const again = await writeRecords({ checkpointDir: path.join(root, 'again'), kind: KIND, instance: INSTANCE, checkpointId: 'ckpt-1', records: lazy.records });
+    const again = await writeRecords({
+      checkpointDir: path.join(root, 'again'),
+      kind: KIND,
+      instance: INSTANCE,
+      checkpointId: 'ckpt-1',
+      records: lazy.records,
+    });
     expect(again.records_sha256).not.toBe(''); // key order of a deferred record: the field last
   });
 

@@ -2,12 +2,7 @@
 // lowering, group-scored (GenRM) environments, coarser-only overrides, setup-time rejections.
 import { describe, expect, it } from 'vitest';
 import type { TargetLevel } from '../../workflows/ledger.js';
-import {
-  resolveLevels,
-  TargetLevelError,
-  type EnvironmentCapabilities,
-  type ResolveLevelsInput,
-} from '../../workflows/target-levels.js';
+import { resolveLevels, TargetLevelError, type EnvironmentCapabilities, type ResolveLevelsInput } from '../../workflows/target-levels.js';
 
 /** An ordinary environment that supports everything (simple_agent, stateless resources). */
 function env(name: string, over: Partial<EnvironmentCapabilities> = {}): EnvironmentCapabilities {
@@ -99,11 +94,7 @@ describe('target levels: per-environment lowering (rule 2) and the turn requirem
 
   it('one warning per lowered environment, in discovery order; others keep the target', () => {
     const r = resolveLevels(
-      input('turn', [
-        env('a_env', { supports_continuations: false }),
-        env('b_env'),
-        env('c_env', { resources_checkpoint_mode: 'restart_only' }),
-      ]),
+      input('turn', [env('a_env', { supports_continuations: false }), env('b_env'), env('c_env', { resources_checkpoint_mode: 'restart_only' })]),
     );
     expect(r.warnings).toHaveLength(2);
     expect(r.warnings[0]).toMatch(/^environment a_env/);
@@ -117,7 +108,7 @@ describe('target levels: GenRM compare (group-scored) table', () => {
     expect(one('turn', genrm()).level).toMatchObject({ recovery_granularity: 'prompt_group', restore_level: 'turn' });
   });
 
-  it('turn before Gym\'s stateless fix (restart_only): whole group retried, the group restarts (lowered, warned)', () => {
+  it("turn before Gym's stateless fix (restart_only): whole group retried, the group restarts (lowered, warned)", () => {
     const { level, warnings } = one('turn', genrm({ resources_checkpoint_mode: 'restart_only' }));
     expect(level).toMatchObject({ recovery_granularity: 'prompt_group', restore_level: 'sibling', lowered: true });
     expect(warnings).toHaveLength(1);
@@ -181,7 +172,9 @@ describe('target levels: §5.7 combinations that fail', () => {
 
   it('an override finer than the target (agent and task source)', () => {
     const e = rejection(input('sibling', [env('counter_env')], { agentOverrides: { counter_env_agent: 'turn' } }));
-    expect(e.message).toMatch(/rollout_recovery\.agent_target_level_overrides\.counter_env_agent: override turn is finer than rollout_recovery\.target_level sibling/);
+    expect(e.message).toMatch(
+      /rollout_recovery\.agent_target_level_overrides\.counter_env_agent: override turn is finer than rollout_recovery\.target_level sibling/,
+    );
     const t = rejection(
       input('prompt_group', [env('counter_env')], { taskSourceOverrides: { counter: 'sibling' }, taskSourceEnvironments: { counter: 'counter_env' } }),
     );
@@ -193,7 +186,8 @@ describe('target levels: §5.7 combinations that fail', () => {
       /task_source_target_level_overrides\.weather: task source weather is not configured/,
     );
     expect(
-      rejection(input('turn', [env('counter_env')], { taskSourceOverrides: { weather: 'sibling' }, taskSourceEnvironments: { weather: 'weather_env' } })).message,
+      rejection(input('turn', [env('counter_env')], { taskSourceOverrides: { weather: 'sibling' }, taskSourceEnvironments: { weather: 'weather_env' } }))
+        .message,
     ).toMatch(/weather_env, which Gym discovery did not find/);
   });
 
@@ -223,13 +217,21 @@ describe('target levels: overrides (rule 6)', () => {
 
   it('a coarser agent override applies to that agent only', () => {
     const r = resolveLevels(input('turn', envs(), { agentOverrides: { weather_env_agent: 'prompt_group' } }));
-    expect(r.levels.weather_env).toMatchObject({ recovery_granularity: 'prompt_group', restore_level: 'prompt_group', decided_by: 'agent_override', lowered: false });
+    expect(r.levels.weather_env).toMatchObject({
+      recovery_granularity: 'prompt_group',
+      restore_level: 'prompt_group',
+      decided_by: 'agent_override',
+      lowered: false,
+    });
     expect(r.levels.counter_env).toMatchObject({ recovery_granularity: 'sibling', restore_level: 'turn', decided_by: 'target' });
     expect(r.warnings).toEqual([]);
   });
 
   it('an override equal to the target is allowed', () => {
-    expect(one('sibling', env('counter_env'), { agentOverrides: { counter_env_agent: 'sibling' } }).level).toMatchObject({ restore_level: 'sibling', decided_by: 'agent_override' });
+    expect(one('sibling', env('counter_env'), { agentOverrides: { counter_env_agent: 'sibling' } }).level).toMatchObject({
+      restore_level: 'sibling',
+      decided_by: 'agent_override',
+    });
   });
 
   it('a coarser task-source override applies to its environment', () => {
@@ -269,11 +271,16 @@ describe('target levels: overrides (rule 6)', () => {
   it('an override at sibling on a lowered environment removes the warning (nothing left to lower)', () => {
     const weak = env('weather_env', { supports_continuations: false });
     expect(one('turn', weak).warnings).toHaveLength(1);
-    expect(one('turn', weak, { agentOverrides: { weather_env_agent: 'sibling' } })).toMatchObject({ level: { restore_level: 'sibling', lowered: false }, warnings: [] });
+    expect(one('turn', weak, { agentOverrides: { weather_env_agent: 'sibling' } })).toMatchObject({
+      level: { restore_level: 'sibling', lowered: false },
+      warnings: [],
+    });
   });
 
   it('an agent override covers every environment of that agent', () => {
-    const r = resolveLevels(input('turn', [env('a_env', { agent: 'simple_agent' }), env('b_env', { agent: 'simple_agent' })], { agentOverrides: { simple_agent: 'sibling' } }));
+    const r = resolveLevels(
+      input('turn', [env('a_env', { agent: 'simple_agent' }), env('b_env', { agent: 'simple_agent' })], { agentOverrides: { simple_agent: 'sibling' } }),
+    );
     expect(Object.values(r.levels).map((l) => l.restore_level)).toEqual(['sibling', 'sibling']);
   });
 });

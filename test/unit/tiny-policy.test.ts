@@ -63,7 +63,13 @@ describe('situations', () => {
     expect(situationOf([user('[task genrm prompt=p17]')])).toBe('genrm');
     expect(situationOf([dev, user('hello')])).toBe(NO_TASK_SITUATION);
     // Content parts work; the task line is read from the first user message only.
-    const parts: ChatMessage = { role: 'user', content: [{ type: 'text', text: 'Hi ' }, { type: 'text', text: '[task weather city=LA]' }] };
+    const parts: ChatMessage = {
+      role: 'user',
+      content: [
+        { type: 'text', text: 'Hi ' },
+        { type: 'text', text: '[task weather city=LA]' },
+      ],
+    };
     expect(readConversation([parts, user('[task genrm prompt=p1]')]).task).toEqual({ taskset: 'weather', city: 'LA' });
   });
 
@@ -219,7 +225,9 @@ describe('expected reward of the initial policy', () => {
     let members = 0;
     for (let g = 0; g < 300; g++) {
       const prompt = `p${g % 48}`;
-      const texts = [0, 1, 2, 3].map((k) => decide({ weights: w, messages: [user(`[task genrm prompt=${prompt}]`)], rolloutId: `s1-p${g}_g${k}` }).message.content as string);
+      const texts = [0, 1, 2, 3].map(
+        (k) => decide({ weights: w, messages: [user(`[task genrm prompt=${prompt}]`)], rolloutId: `s1-p${g}_g${k}` }).message.content as string,
+      );
       for (const r of cohortRewards(texts, 'circular')) {
         sum += r;
         members++;

@@ -242,7 +242,9 @@ describe('trainStep', () => {
     const f = await failureOf(run(acts.trainStep, { ...stepInput(1, []), expectedVersion: -1 }));
     expect(f.type).toBe('invariant_error');
     expect(f.nonRetryable).toBe(true);
-    const g = await failureOf(run(acts.trainStep, stepInput(1, [{ group_id: 'g', siblings: [{ rollout_id: 'r', reward: 1, mask: false, captureKeys: ['bad key'] }] }])));
+    const g = await failureOf(
+      run(acts.trainStep, stepInput(1, [{ group_id: 'g', siblings: [{ rollout_id: 'r', reward: 1, mask: false, captureKeys: ['bad key'] }] }])),
+    );
     expect(g.type).toBe('invariant_error');
   });
 });
@@ -266,9 +268,21 @@ describe('trainer anchors', () => {
     expect((await fsp.readdir(path.join(ckpt, 'step_2'))).filter((n) => n.startsWith('.'))).toEqual([]);
 
     // The run sends its ledger packed; the marker holds it plain.
-    const marker = await run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 2, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: packJson({ run: 'r' }) });
+    const marker = await run(acts.writeGymRestartFallback, {
+      checkpointDir: ckpt,
+      step: 2,
+      trainerVersion: 2,
+      topologyFingerprint: FINGERPRINT,
+      ledger: packJson({ run: 'r' }),
+    });
     expect(marker.path).toBe(path.join(ckpt, 'step_2', GYM_RESTART_FALLBACK_FILE));
-    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({ base_train_step: 2, gym_topology_fingerprint: FINGERPRINT, ledger: { run: 'r' }, schema_version: 2, trainer_version: 2 });
+    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8'))).toEqual({
+      base_train_step: 2,
+      gym_topology_fingerprint: FINGERPRINT,
+      ledger: { run: 'r' },
+      schema_version: 2,
+      trainer_version: 2,
+    });
     // Read back packed: the plain ledger of thousands in flight would be over a payload's limit.
     const read = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
     expect({ ...read, ledger: unpacked(read!.ledger) }).toEqual({
@@ -289,7 +303,9 @@ describe('trainer anchors', () => {
     const reread = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
     expect(reread).toMatchObject({ trainer_version: 2 });
     expect(unpacked(reread!.ledger)).toEqual({ run: 'r2' });
-    const badFingerprint = await failureOf(run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: { ...fallback, topologyFingerprint: '' } }));
+    const badFingerprint = await failureOf(
+      run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: { ...fallback, topologyFingerprint: '' } }),
+    );
     expect(badFingerprint.type).toBe('invariant_error');
 
     expect(await run(acts.latestTrainerAnchor, { checkpointDir: ckpt })).toEqual({ anchor: 'step_2', step: 2, version: 2, cursor: 8, skipped: [] });
@@ -298,7 +314,13 @@ describe('trainer anchors', () => {
     const b3 = await collect(3);
     expect(await run(acts.dropTrainerState, { run: RUN })).toEqual({ dropped: true });
     await app.inject({ method: 'POST', url: '/_ctl/policy', payload: initialWeights() });
-    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url })).toEqual({ version: 2, step: 2, cursor: 8, anchor: 'step_2', skipped: [] });
+    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url })).toEqual({
+      version: 2,
+      step: 2,
+      cursor: 8,
+      anchor: 'step_2',
+      skipped: [],
+    });
     const restored = peekTrainerState(RUN, states)!;
     expect(restored.logits).toEqual(before.logits);
     expect(restored.optimizer).toEqual(before.optimizer);
@@ -313,7 +335,11 @@ describe('trainer anchors', () => {
     expect(peekTrainerState(RUN, states)!.logits).toEqual(twin.get(RUN)!.logits);
 
     // Restoring the bootstrap anchor goes back to the initial weights.
-    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'bootstrap' })).toMatchObject({ version: 0, step: 0, anchor: 'bootstrap' });
+    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'bootstrap' })).toMatchObject({
+      version: 0,
+      step: 0,
+      anchor: 'bootstrap',
+    });
     expect(await served()).toEqual(initialWeights());
   });
 
@@ -402,11 +428,15 @@ describe('trainer anchors', () => {
   });
 
   it('the fallback marker needs the durable anchor of the same version first', async () => {
-    const none = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }));
+    const none = await failureOf(
+      run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
+    );
     expect(none.type).toBe('invariant_error');
     await run(acts.trainStep, stepInput(1, await collect(1)));
     await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
-    const wrong = await failureOf(run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }));
+    const wrong = await failureOf(
+      run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
+    );
     expect(wrong.message).toMatch(/version 1, not 2/);
     await fsp.writeFile(path.join(ckpt, 'step_1', GYM_RESTART_FALLBACK_FILE), '{}');
     const bad = await failureOf(run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' }));

@@ -11,9 +11,7 @@ describe('workflow bundle', () => {
     const modules = [...new Set([...code.matchAll(/^\/\*{3}\/ "(\.\/[^"]+)"$/gm)].map((m) => m[1]!))];
     expect(modules).toContain('./workflows/rolloutAttempt.ts');
     expect(modules.filter((m) => m.includes('node_modules/zod'))).toEqual([]);
-    expect(modules.filter((m) => m.startsWith('./protocol/'))).toEqual(
-      expect.arrayContaining(['./protocol/episode-id.ts']),
-    );
+    expect(modules.filter((m) => m.startsWith('./protocol/'))).toEqual(expect.arrayContaining(['./protocol/episode-id.ts']));
     expect(modules).not.toContain('./protocol/ids.ts');
   }, 60_000);
 });

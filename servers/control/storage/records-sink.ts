@@ -32,7 +32,8 @@ export class RecordsSink {
   /** Appends one record; after a full batch, a promise that yields to the event loop (control routes stay served) and to the disk. */
   add(record: object): Promise<void> | undefined {
     const ep = isPlainObject(record) ? decodeEpisodeId(record.episode_id) : undefined;
-    if (!ep) throw refuse('invalid_checkpoint_state', `a record to write has no valid episode_id (${describeValue((record as { episode_id?: unknown }).episode_id)})`);
+    if (!ep)
+      throw refuse('invalid_checkpoint_state', `a record to write has no valid episode_id (${describeValue((record as { episode_id?: unknown }).episode_id)})`);
     const before = this.pos;
     try {
       this.encoder.writeLine(record);

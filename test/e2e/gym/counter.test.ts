@@ -55,7 +55,6 @@ beforeEach(async () => {
   await cleanSlate(g());
 });
 
-
 describe('counter episodes (exported resources state)', () => {
   it("the counter's restored state is needed for reward 1.0", async () => {
     const { task, rollout } = solvedCounter('state');

@@ -42,7 +42,6 @@ beforeEach(async () => {
   await cleanSlate(g());
 });
 
-
 describe('a genrm group caught at the cut', () => {
   it('re-forms after a restore and is scored once', async () => {
     const group = promptGroups({ seed: 5, cursor: 0, groups: 1, groupSize: SIZE, tasksets: ['genrm'] }).groups[0]!;
@@ -70,7 +69,11 @@ describe('a genrm group caught at the cut', () => {
     await g().backend.waitForCalls(SIZE);
     expect(runs.some((r) => r.settled)).toBe(false);
 
-    const ckpt = await prepareAndCommit(g(), 'ckpt-genrm', rollouts.map((r) => episode(r)));
+    const ckpt = await prepareAndCommit(
+      g(),
+      'ckpt-genrm',
+      rollouts.map((r) => episode(r)),
+    );
     expect(ckpt.environmentKeys).toEqual([...rollouts].sort());
     const next = Object.fromEntries(readRecords(ckpt.dir, 'environment', ENV).map((r) => [r.episode_id.rollout_id, r.boundary.next]));
     expect(next).toEqual({ [rollouts[0]!]: 'verify', [rollouts[1]!]: 'verify', [rollouts[2]!]: 'verify', [rollouts[3]!]: 'invoke_agent' });
@@ -85,7 +88,11 @@ describe('a genrm group caught at the cut', () => {
 
     // Siblings 0–2 made no new call; sibling 3 made its held call once more.
     const calls = await g().backend.calls();
-    for (const r of rollouts.slice(0, 3)) expect(calls.filter((c) => c.rollout_id === r).map((c) => c.capture_key), r).toEqual([r]);
+    for (const r of rollouts.slice(0, 3))
+      expect(
+        calls.filter((c) => c.rollout_id === r).map((c) => c.capture_key),
+        r,
+      ).toEqual([r]);
     expect(calls.filter((c) => c.rollout_id === rollouts[3]).map((c) => c.capture_key)).toEqual([rollouts[3], `${rollouts[3]}-a1`]);
     expect(calls).toHaveLength(SIZE + 1);
     await forgetRollouts(g(), rollouts);

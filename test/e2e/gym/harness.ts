@@ -40,8 +40,6 @@ const DEPLOYMENTS = fileURLToPath(new URL('./deployments/', import.meta.url));
 
 // --- waiting ---------------------------------------------------------------------------------
 
-
-
 /** Epoch seconds `s` from now (control-plane deadlines). */
 export const deadline = (s = 20): number => Date.now() / 1000 + s;
 
@@ -116,11 +114,15 @@ export class Backend {
   }
   /** Waits until exactly `n` calls arrived (more is a failure: a call the test did not expect). */
   async waitForCalls(n: number, timeoutMs?: number): Promise<void> {
-    await waitFor(`${n} model calls`, async () => {
-      const c = await this.count();
-      if (c > n) throw new Error(`expected ${n} model calls, got ${c}: ${JSON.stringify(await this.calls())}`);
-      return c === n;
-    }, { timeoutMs });
+    await waitFor(
+      `${n} model calls`,
+      async () => {
+        const c = await this.count();
+        if (c > n) throw new Error(`expected ${n} model calls, got ${c}: ${JSON.stringify(await this.calls())}`);
+        return c === n;
+      },
+      { timeoutMs },
+    );
   }
   /** Waits until the calls of `rollout` all returned (no call of it held or generating). */
   async waitReturned(rollout: string, n: number): Promise<void> {
@@ -269,9 +271,7 @@ export async function statuses(gym: Gym): Promise<Record<string, Status>> {
 export async function cleanSlate(gym: Gym): Promise<void> {
   await gym.backend.reset();
   const live = ['episodes', 'sessions', 'at_boundary', 'inflight', 'held'];
-  const dirty = Object.entries(await statuses(gym)).filter(
-    ([, s]) => s.phase !== 'idle' || live.some((k) => (s.report.counts[k] ?? 0) !== 0),
-  );
+  const dirty = Object.entries(await statuses(gym)).filter(([, s]) => s.phase !== 'idle' || live.some((k) => (s.report.counts[k] ?? 0) !== 0));
   if (dirty.length === 0) return;
   console.warn(`fresh Gym processes: an earlier test left ${dirty.map(([n, st]) => `${n} (${st.phase}, ${JSON.stringify(st.report.counts)})`).join(', ')}`);
   await crash(gym);
@@ -469,13 +469,17 @@ export function pickRollout(task: Task, prefix: string, salt: number | undefined
 }
 
 /** weather: the right city first, then an answer — reward 1.0 in two calls. */
-export const weatherSolved = (task: Task) => (calls: SimulatedCall[]): boolean =>
-  calls.length === 2 && calls[0]!.action === 'call_right_city' && calls[1]!.action === 'answer' && !!task;
+export const weatherSolved =
+  (task: Task) =>
+  (calls: SimulatedCall[]): boolean =>
+    calls.length === 2 && calls[0]!.action === 'call_right_city' && calls[1]!.action === 'answer' && !!task;
 
 /** counter: increments that sum to `target - start` and then an answer (reward 1.0), `minIncrements` at least. */
-export const counterSolved = (task: Task, minIncrements: number) => (calls: SimulatedCall[]): boolean => {
-  const data = task.task_input.task_data as { initial_count: number; expected_count: number };
-  const incs = calls.flatMap((c) => c.toolCalls.filter((t) => t.name === 'increment_counter').map((t) => t.args.count as number));
-  const last = calls[calls.length - 1];
-  return last?.action === 'answer' && incs.length >= minIncrements && data.initial_count + incs.reduce((a, b) => a + b, 0) === data.expected_count;
-};
+export const counterSolved =
+  (task: Task, minIncrements: number) =>
+  (calls: SimulatedCall[]): boolean => {
+    const data = task.task_input.task_data as { initial_count: number; expected_count: number };
+    const incs = calls.flatMap((c) => c.toolCalls.filter((t) => t.name === 'increment_counter').map((t) => t.args.count as number));
+    const last = calls[calls.length - 1];
+    return last?.action === 'answer' && incs.length >= minIncrements && data.initial_count + incs.reduce((a, b) => a + b, 0) === data.expected_count;
+  };

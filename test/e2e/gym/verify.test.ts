@@ -60,7 +60,6 @@ beforeEach(async () => {
   await cleanSlate(g());
 });
 
-
 /**
  * Starts the episode and returns once its `/verify` is in flight: both model calls returned and
  * the agent session is closed (the environment verifies right after), plus a moment.

@@ -45,7 +45,6 @@ const g = (): Gym => gym!;
 /** A rollout ID whose uncrashed episode calls get_weather for the right city, then answers. */
 const solvedRollout = (prefix: string): string => pickRollout(task, prefix, g().salt, weatherSolved(task));
 
-
 beforeAll(async () => {
   gym = await bringUp('weather');
   task = generateTasks({ seed: 7, count: 1, tasksets: ['weather'] })[0]!;
@@ -170,7 +169,10 @@ describe('weather episodes (native topology)', () => {
       expect(s.report.restarts, name).toEqual([]);
       expect(s.report.blockers, name).toEqual([]);
       // episodes (environment), sessions and at_boundary (agent), inflight and sessions (resources)…
-      expect(Object.values(s.report.counts).every((n) => n === 0), `${name} ${JSON.stringify(s.report.counts)}`).toBe(true);
+      expect(
+        Object.values(s.report.counts).every((n) => n === 0),
+        `${name} ${JSON.stringify(s.report.counts)}`,
+      ).toBe(true);
     }
     expect(after.weather_env!.report.counts.episodes).toBe(0);
     expect(after.simple_agent!.report.counts.sessions).toBe(0);
@@ -183,7 +185,10 @@ describe('weather episodes (native topology)', () => {
     await forget(dep, { deadlineTs: deadline(), rolloutIds: [rollout] });
     for (const [name, s] of Object.entries(await statuses(g()))) {
       expect(s.retired_rollouts, name).toBe(0);
-      expect(Object.values(s.report.counts).every((n) => n === 0), `${name} ${JSON.stringify(s.report.counts)}`).toBe(true);
+      expect(
+        Object.values(s.report.counts).every((n) => n === 0),
+        `${name} ${JSON.stringify(s.report.counts)}`,
+      ).toBe(true);
     }
     const res = await status(g(), 'weather');
     expect(res.retired_sessions).toBe(0);

@@ -32,7 +32,16 @@ import {
   TOKEN,
   type Gym,
 } from '../gym/harness.js';
-import { LLAMA_BUILD_WAIT_MS, LLAMA_MODEL_ALIAS, llamaDeploymentYaml, RecordingProxy, startLlama, userTextOf, type LlamaServer, type RecordedCall } from './harness.js';
+import {
+  LLAMA_BUILD_WAIT_MS,
+  LLAMA_MODEL_ALIAS,
+  llamaDeploymentYaml,
+  RecordingProxy,
+  startLlama,
+  userTextOf,
+  type LlamaServer,
+  type RecordedCall,
+} from './harness.js';
 import { waitFor } from '../../helpers/wait.js';
 
 const KEY_ENV = 'LLAMA_E2E_API_KEY';
@@ -68,7 +77,8 @@ function llamaTasks(): Task[] {
   return out.slice(0, 4);
 }
 
-const userText = (t: Task): string => (t.task_input.responses_create_params.input as Array<{ role: string; content: string }>).find((m) => m.role === 'user')!.content;
+const userText = (t: Task): string =>
+  (t.task_input.responses_create_params.input as Array<{ role: string; content: string }>).find((m) => m.role === 'user')!.content;
 const callsOf = (calls: readonly RecordedCall[], t: Task): RecordedCall[] => calls.filter((c) => userTextOf(c) === userText(t));
 
 /** Tool-call IDs are minted per completion; the conversation's shape and text are what repeats. */
@@ -118,7 +128,11 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
   it('streams a real llama.cpp reply through the model server, and llama.cpp itself refuses a call without the key', { timeout: 120_000 }, async () => {
     const url = g().url('policy_model');
     const body = { model: 'policy', messages: [{ role: 'user', content: 'Say hello.' }], stream: true, max_tokens: 8, temperature: 0 };
-    const r = await fetch(`${url}/ng-rollout/llama-stream/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const r = await fetch(`${url}/ng-rollout/llama-stream/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
     const text = await r.text();
     expect(r.status, `${text}\n${llama!.output.slice(-20).join('\n')}`).toBe(200);
     expect(r.headers.get('content-type')).toContain('text/event-stream');
@@ -134,7 +148,9 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     expect(direct.status).toBe(401);
   });
 
-  it('a checkpoint parks multi-turn episodes mid-episode; after a SIGKILL of every Gym process each continues with exactly the calls after its saved turn; a finished episode is never re-run', { timeout: 600_000 }, async () => {
+  it('a checkpoint parks multi-turn episodes mid-episode; after a SIGKILL of every Gym process each continues with exactly the calls after its saved turn; a finished episode is never re-run', {
+    timeout: 600_000,
+  }, async () => {
     const [doneTask, ...parkedTasks] = tasks;
     expect(parkedTasks).toHaveLength(3);
 
@@ -179,14 +195,22 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     for (const task of parkedTasks) expect(heldCalls.get(task), userText(task)).toBeDefined();
 
     t = Date.now();
-    const ckpt = await prepareAndCommit(g(), 'llama-ckpt', rollouts.map((r) => episode(r)));
+    const ckpt = await prepareAndCommit(
+      g(),
+      'llama-ckpt',
+      rollouts.map((r) => episode(r)),
+    );
     timings.prepareAndCommitS = (Date.now() - t) / 1000;
     expect(ckpt.environmentKeys).toEqual([...rollouts].sort());
     const envRecords = readRecords(ckpt.dir, 'environment', ENV);
     expect(envRecords.map((r) => r.boundary.next)).toEqual(['invoke_agent', 'invoke_agent', 'invoke_agent']);
     // The agent saved each session after its first tool round: one model turn, its tool result.
     const agentRecords = readRecords(ckpt.dir, 'agent', 'simple_agent');
-    expect(agentRecords.map((r) => [r.boundary.step, r.boundary.pending_tools])).toEqual([[1, false], [1, false], [1, false]]);
+    expect(agentRecords.map((r) => [r.boundary.step, r.boundary.pending_tools])).toEqual([
+      [1, false],
+      [1, false],
+      [1, false],
+    ]);
     expect((await status(g(), 'policy_model')).report.counts.inflight).toBe(3);
 
     // The crash: every Gym process SIGKILLed; the held calls' callers are gone, so the proxy drops them.
@@ -194,7 +218,13 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     await crash(g(), runs);
     for (const r of runs) expect(deliveredNoResult(r)).toBe(true);
     p().release();
-    await waitFor('the held calls dropped', () => p().generations().filter((c) => c.dropped).length === 3);
+    await waitFor(
+      'the held calls dropped',
+      () =>
+        p()
+          .generations()
+          .filter((c) => c.dropped).length === 3,
+    );
 
     t = Date.now();
     const restored = await restoreInto(g(), { dir: ckpt.dir, scope: ckpt.scope, restoreId: 'llama-restore' });
@@ -215,7 +245,10 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
       const continued = callsOf(after, task);
       const expected = baseline.get(task)!.slice(1);
       // Exactly the calls after the saved turn (same number, same conversation lengths) …
-      expect(continued.map((c) => c.nMessages), userText(task)).toEqual(expected.map((c) => c.nMessages));
+      expect(
+        continued.map((c) => c.nMessages),
+        userText(task),
+      ).toEqual(expected.map((c) => c.nMessages));
       // … the first one is the held call again, the saved conversation exactly (its tool-call IDs too) …
       expect(continued[0]!.body.messages).toEqual(held.body.messages);
       // … and every later one extends it.
@@ -238,5 +271,4 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     timings.callsAfterRestore = after.length;
     timings.callsTotal = p().generations().length;
   });
-
 });

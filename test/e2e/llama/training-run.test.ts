@@ -67,11 +67,16 @@ afterAll(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-
 describe('trainer none over llama.cpp', () => {
   it('a run collects every step’s batch through a Gym crash, with no inference server to refit', { timeout: 600_000 }, async () => {
     const cfg = RunConfigSchema.parse({
-      run: { name: 'llama-none', gym_run_dir: join(dir, 'gym'), checkpoint_dir: join(dir, 'checkpoints'), task_queue: 'llama-run', rollout_task_queue: 'llama-run-run' },
+      run: {
+        name: 'llama-none',
+        gym_run_dir: join(dir, 'gym'),
+        checkpoint_dir: join(dir, 'checkpoints'),
+        task_queue: 'llama-run',
+        rollout_task_queue: 'llama-run-run',
+      },
       grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 2, max_num_steps: 3, tasksets: ['weather'], environments: { weather: 'weather_env' } },
       async_rl: { max_in_flight_groups: 2 },
       trainer: 'none',
@@ -96,7 +101,9 @@ describe('trainer none over llama.cpp', () => {
 
     const summary = await handle.result();
     const seconds = (Date.now() - t0) / 1000;
-    console.log(`llama trainer-none run: ${seconds.toFixed(1)} s, recoveries ${JSON.stringify(summary.recoveries.map((r) => ({ continued: r.continued.length, restarted: r.restarted.length })))}, calls ${proxy!.generations().length}`);
+    console.log(
+      `llama trainer-none run: ${seconds.toFixed(1)} s, recoveries ${JSON.stringify(summary.recoveries.map((r) => ({ continued: r.continued.length, restarted: r.restarted.length })))}, calls ${proxy!.generations().length}`,
+    );
     const perStep = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt;
     expect(summary).toMatchObject({ steps: 3, completedRollouts: 3 * perStep, failedRollouts: 0, trainerVersion: 0 });
     expect(summary.recoveries.length).toBeGreaterThanOrEqual(1);

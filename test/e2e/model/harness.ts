@@ -35,7 +35,6 @@ const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
 export const deadline = (s = 20): number => Date.now() / 1000 + s;
 export const episode = (rollout_id: string, attempt = 0): EpisodeId => ({ rollout_id, attempt });
 
-
 // --- HTTP ----------------------------------------------------------------------------------------
 
 const pool = new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 64 });
@@ -222,7 +221,8 @@ export async function rewardOf(h: RunHandle, timeoutMs = 30_000): Promise<number
   await Promise.race([h.done, sleep(timeoutMs)]);
   if (!h.settled) throw new Error(`/run of ${h.key} did not reply within ${timeoutMs} ms`);
   const r = h.reply;
-  if (r?.status !== 200 || !r.body?.result) throw new Error(`/run of ${h.key} failed: ${r ? `HTTP ${r.status} ${JSON.stringify(r.body).slice(0, 600)}` : String(h.error)}`);
+  if (r?.status !== 200 || !r.body?.result)
+    throw new Error(`/run of ${h.key} failed: ${r ? `HTTP ${r.status} ${JSON.stringify(r.body).slice(0, 600)}` : String(h.error)}`);
   return r.body.result.reward as number;
 }
 
@@ -242,7 +242,12 @@ export async function prepareOnly(gym: Gym, id: string): Promise<PrepareResult> 
 
 export async function commitPrepared(gym: Gym, id: string, prepared: PrepareResult, episodes: EpisodeId[]): Promise<Committed> {
   const dir = join(gym.tmp, 'checkpoints', id);
-  const replies = await commit(await participants(gym), { checkpointId: id, deadlineTs: deadline(), checkpointDir: dir, scope: continuedScope(prepared, episodes) });
+  const replies = await commit(await participants(gym), {
+    checkpointId: id,
+    deadlineTs: deadline(),
+    checkpointDir: dir,
+    scope: continuedScope(prepared, episodes),
+  });
   return { dir, prepared, replies };
 }
 
@@ -257,7 +262,13 @@ export async function crash(gym: Gym, runs: readonly RunHandle[] = []): Promise<
 }
 
 /** Fresh processes, then restore + resume of `scope` (checkpointed attempts) from `dir`. */
-export async function restartAndRestore(gym: Gym, dir: string, restoreId: string, scope: EpisodeId[], beforeResume?: (dep: Deployment) => Promise<void>): Promise<void> {
+export async function restartAndRestore(
+  gym: Gym,
+  dir: string,
+  restoreId: string,
+  scope: EpisodeId[],
+  beforeResume?: (dep: Deployment) => Promise<void>,
+): Promise<void> {
   await restartDeployment(gym.runDir, { env: ENV, healthTimeoutMs: 60_000 });
   const dep = await participants(gym);
   await restore(dep, { checkpointId: restoreId, deadlineTs: deadline(), checkpointDir: dir, scope });
@@ -280,7 +291,9 @@ export function ledgerRows(gym: Gym, key: string): any[] {
 export function captureKeysOnDisk(gym: Gym): { ledgers: string[]; tokens: string[] } {
   const ls = (d: string): string[] => (existsSync(d) ? readdirSync(d) : []);
   return {
-    ledgers: ls(join(gym.captureDir, 'ledger')).map((n) => n.replace(/\.lineage\.jsonl$/, '')).sort(),
+    ledgers: ls(join(gym.captureDir, 'ledger'))
+      .map((n) => n.replace(/\.lineage\.jsonl$/, ''))
+      .sort(),
     tokens: ls(tokensDir(gym.captureDir)).sort(),
   };
 }

@@ -172,7 +172,10 @@ describe('policy model participant (real processes)', { timeout: 180_000 }, () =
     let waiting: Promise<{ status: number; body: any }> | undefined;
     await restartAndRestore(gym, committed.dir, 'rs1', [episode('rt')], async (dep) => {
       // Restored, not yet resumed: a call of the replacement waits for admission…
-      waiting = http('POST', `${gym!.url('policy_model')}/ng-rollout/rt-a1/v1/chat/completions`, { model: 'policy', messages: [{ role: 'user', content: 'x [task weather city=SF]' }] });
+      waiting = http('POST', `${gym!.url('policy_model')}/ng-rollout/rt-a1/v1/chat/completions`, {
+        model: 'policy',
+        messages: [{ role: 'user', content: 'x [task weather city=SF]' }],
+      });
       await waitFor('the call waiting for admission', async () => (await modelStatus(gym!)).waiting_calls === 1);
       expect((await modelStatus(gym!)).report.counts.inflight).toBe(0);
       // …and the controller retires the replacement (with the restore's ID), then forgets the rollout.
