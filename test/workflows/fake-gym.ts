@@ -58,22 +58,8 @@ const TOPOLOGY: GymTopology = {
   fingerprint: 'f'.repeat(64),
   instances: { env: 'env-1', agent: 'agent-1' },
   environments: {
-    counter_env: {
-      environment: 'counter_env',
-      agent: 'agent',
-      supports_continuations: true,
-      resources_checkpoint_mode: 'exported',
-      verify_replayable: true,
-      group_size: null,
-    },
-    weather_env: {
-      environment: 'weather_env',
-      agent: 'agent',
-      supports_continuations: true,
-      resources_checkpoint_mode: 'stateless',
-      verify_replayable: true,
-      group_size: null,
-    },
+    counter_env: { environment: 'counter_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'exported', verify_replayable: true, group_size: null },
+    weather_env: { environment: 'weather_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'stateless', verify_replayable: true, group_size: null },
   },
 };
 
@@ -174,13 +160,7 @@ export class FakeGym {
   /** Calls other than `/run` and discovery (the checkpoint protocol and snapshot I/O). */
   controlCalls(): string[] {
     return this.calls.filter(
-      (c) =>
-        !c.startsWith('run:') &&
-        !c.startsWith('cancelled:') &&
-        !c.startsWith('retired-run:') &&
-        c !== 'discover' &&
-        !c.startsWith('forget:') &&
-        c !== 'ledger-cut-refused',
+      (c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && !c.startsWith('retired-run:') && c !== 'discover' && !c.startsWith('forget:') && c !== 'ledger-cut-refused',
     );
   }
 
@@ -250,16 +230,9 @@ export class FakeGym {
           s.commitFailures! -= 1;
           fail(s.commitFailure ?? 'transient', 'commit');
         }
-        const finished = input.scope
-          .map(captureKey)
-          .sort()
-          .slice(0, s.finishedBeforeCommit ?? 0);
-        const keys = input.scope
-          .map(captureKey)
-          .filter((k) => !finished.includes(k))
-          .sort();
-        if (finished.length > 0)
-          setTimeout(() => {
+        const finished = input.scope.map(captureKey).sort().slice(0, s.finishedBeforeCommit ?? 0);
+        const keys = input.scope.map(captureKey).filter((k) => !finished.includes(k)).sort();
+        if (finished.length > 0) setTimeout(() => {
             for (const k of finished) this.finishRun(k);
           }, 200);
         const participants: GymCommitOutcome['participants'] = {};
@@ -337,8 +310,7 @@ export class FakeGym {
               this.calls.push(`retired-run:${key}`);
               reject(ApplicationFailure.nonRetryable(`attempt ${key} was retired`, 'stale_attempt'));
             });
-            if (!s.holdRuns)
-              setTimeout(() => {
+            if (!s.holdRuns) setTimeout(() => {
                 stop();
                 resolve(s.reward?.(key) ?? 1);
               }, s.runMs ?? 20);
@@ -348,8 +320,7 @@ export class FakeGym {
             });
           });
           const seconds = (Date.now() - started) / 1000;
-          if (typeof reward !== 'number')
-            return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
+          if (typeof reward !== 'number') return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
           return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds };
         } finally {
           this.runWaiters.delete(key);
