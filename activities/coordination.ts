@@ -27,7 +27,7 @@ import { errorCodeOf, isNonRetryableCode, type ErrorCode } from '../protocol/err
 import { KINDS, PREPARE_ORDER, RETIRE_GROUPS, captureKey, nextAttempt, parseCaptureKey, type CaptureKey, type EpisodeId, type Kind } from '../protocol/ids.js';
 import { callTimeoutMs, controlCall, encodeBody, formatSeconds, isControlTransportError, type ControlResponse } from './control-client.js';
 
-// --- deployment ------------------------------------------------------------------------
+// --- participants (what discovery found: §11.1) ------------------------------------------
 
 export interface Member {
   name: string;
@@ -35,7 +35,8 @@ export interface Member {
   kind: Kind;
 }
 
-export interface Deployment {
+/** The participants a checkpoint coordinates, and the bearer token of their control routes. */
+export interface Participants {
   token: string;
   /** Sorted by (prepare stage of kind, name), as discover returns them. */
   members: Member[];
@@ -222,7 +223,7 @@ async function callOne<S extends z.ZodType, T>(
 
 /** One concurrent fan-out of the same bytes to `members`; waits for every call. */
 async function fanOut<S extends z.ZodType, T>(
-  dep: Deployment,
+  dep: Participants,
   members: readonly Member[],
   op: ControlOperation,
   body: Buffer,
@@ -255,7 +256,7 @@ function wireEpisode(e: EpisodeId): { rollout_id: string; attempt: number } {
   return { rollout_id: e.rollout_id, attempt: e.attempt ?? 0 };
 }
 
-function membersOfKinds(dep: Deployment, kinds: readonly Kind[]): Member[] {
+function membersOfKinds(dep: Participants, kinds: readonly Kind[]): Member[] {
   return dep.members.filter((m) => kinds.includes(m.kind));
 }
 
@@ -389,7 +390,7 @@ export interface PrepareResult {
   stoppedAt?: Kind;
 }
 
-export async function prepare(dep: Deployment, opts: PrepareOptions): Promise<PrepareResult> {
+export async function prepare(dep: Participants, opts: PrepareOptions): Promise<PrepareResult> {
   checkDeadline(opts.deadlineTs);
   const result: PrepareResult = { checkpointId: opts.checkpointId, prepared: true, replies: {} };
   const restarts = new Set<CaptureKey>();
@@ -471,7 +472,7 @@ export interface CommitOptions extends CallOptions {
   stop?: boolean;
 }
 
-export async function commit(dep: Deployment, opts: CommitOptions): Promise<Record<string, CommitReply>> {
+export async function commit(dep: Participants, opts: CommitOptions): Promise<Record<string, CommitReply>> {
   checkDeadline(opts.deadlineTs);
   const body = encodeBody({
     checkpoint_id: opts.checkpointId,
@@ -487,7 +488,7 @@ export async function commit(dep: Deployment, opts: CommitOptions): Promise<Reco
 }
 
 /** Sorted union of the environment servers' committed `episode_ids`: the episodes in the checkpoint (§11.5 step 2). */
-export function committedEnvironmentKeys(dep: Deployment, replies: Record<string, CommitReply>): CaptureKey[] {
+export function committedEnvironmentKeys(dep: Participants, replies: Record<string, CommitReply>): CaptureKey[] {
   const keys = new Set<CaptureKey>();
   for (const m of membersOfKinds(dep, ['environment'])) {
     for (const k of replies[m.name]?.episode_ids ?? []) keys.add(k);
@@ -500,7 +501,7 @@ export interface CheckpointCallOptions extends CallOptions {
   deadlineTs: number;
 }
 
-export async function renew(dep: Deployment, opts: CheckpointCallOptions): Promise<Record<string, RenewReply>> {
+export async function renew(dep: Participants, opts: CheckpointCallOptions): Promise<Record<string, RenewReply>> {
   checkDeadline(opts.deadlineTs);
   const body = encodeBody({ checkpoint_id: opts.checkpointId, deadline_ts: opts.deadlineTs });
   const sent = await fanOut(
@@ -520,7 +521,7 @@ export async function renew(dep: Deployment, opts: CheckpointCallOptions): Promi
 // --- resume (§11.6) ----------------------------------------------------------------------
 
 /** Reverse stage order; a failing stage does not stop the others; failures are raised together at the end. */
-export async function resume(dep: Deployment, opts: CheckpointCallOptions): Promise<Record<string, ResumeReply>> {
+export async function resume(dep: Participants, opts: CheckpointCallOptions): Promise<Record<string, ResumeReply>> {
   checkDeadline(opts.deadlineTs);
   const body = encodeBody({ checkpoint_id: opts.checkpointId, deadline_ts: opts.deadlineTs });
   const replies: Record<string, ResumeReply> = {};
@@ -562,7 +563,7 @@ export const RESTORE_CLEANUP_MIN_S = 30;
  * All or nothing. On any failure: retire the replacements (N+1) everywhere and resume everyone
  * under the restore's ID (both logged, never raised), then raise the original restore error.
  */
-export async function restore(dep: Deployment, opts: RestoreOptions): Promise<Record<string, RestoreReply>> {
+export async function restore(dep: Participants, opts: RestoreOptions): Promise<Record<string, RestoreReply>> {
   checkDeadline(opts.deadlineTs);
   const log = opts.log ?? defaultLog;
   const body = encodeBody({
@@ -629,7 +630,7 @@ export interface ForgetOptions extends CallOptions {
 
 /** Groups in sequence (callers first), members of a group concurrently; a failing group aborts. */
 async function inRetireOrder<S extends z.ZodType, T>(
-  dep: Deployment,
+  dep: Participants,
   op: 'retire' | 'forget',
   body: Buffer,
   deadlineTs: number,
@@ -648,7 +649,7 @@ async function inRetireOrder<S extends z.ZodType, T>(
   return replies;
 }
 
-export async function retire(dep: Deployment, opts: RetireOptions): Promise<Record<string, RetireOutcome>> {
+export async function retire(dep: Participants, opts: RetireOptions): Promise<Record<string, RetireOutcome>> {
   checkDeadline(opts.deadlineTs);
   if (opts.episodes.length === 0) return {};
   const body = encodeBody({
@@ -670,7 +671,7 @@ export async function retire(dep: Deployment, opts: RetireOptions): Promise<Reco
   );
 }
 
-export async function forget(dep: Deployment, opts: ForgetOptions): Promise<Record<string, ForgetOutcome>> {
+export async function forget(dep: Participants, opts: ForgetOptions): Promise<Record<string, ForgetOutcome>> {
   checkDeadline(opts.deadlineTs);
   const rolloutIds = [...new Set(opts.rolloutIds)].sort(compareStrings);
   if (rolloutIds.length === 0) return {};

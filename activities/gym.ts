@@ -49,7 +49,7 @@ import {
   resume,
   retire,
   sortMembers,
-  type Deployment,
+  type Participants,
 } from './coordination.js';
 
 export interface GymActivityDeps {
@@ -111,7 +111,7 @@ async function gymCall<T>(details: unknown, fn: (signal: AbortSignal | undefined
   }
 }
 
-function deploymentOf(token: string, topology: GymTopology): Deployment {
+function participantsOf(token: string, topology: GymTopology): Participants {
   if (!topology || !Array.isArray(topology.members)) throw invariantFailure('topology has no members list');
   return { token, members: sortMembers(topology.members) };
 }
@@ -278,7 +278,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Not prepared is an answer, not an error: the workflow resumes, retires stragglers, and tries a new ID. */
     async gymPrepare(input: GymCallInput): Promise<GymPrepareOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const result = await gymCall({ op: 'prepare', checkpointId: input.checkpointId }, (signal) =>
         prepare(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -299,7 +299,7 @@ export function createGymActivities(deps: GymActivityDeps) {
      */
     async gymCommit(input: GymCommitInput): Promise<GymCommitOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       if (!Array.isArray(input.scope)) throw invariantFailure('commit scope must be a list of episodes');
       const replies = await gymCall({ op: 'commit', checkpointId: input.checkpointId }, (signal) =>
@@ -362,7 +362,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Extends the leases while publication runs long. */
     async gymRenew(input: GymCallInput): Promise<GymRenewOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'renew', checkpointId: input.checkpointId }, (signal) =>
         renew(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -375,7 +375,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Release (after publish) or abort (before): the same call; every stage runs even if one fails. */
     async gymResume(input: GymCallInput): Promise<GymResumeOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'resume', checkpointId: input.checkpointId }, (signal) =>
         resume(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -389,7 +389,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** All or nothing: on failure coordination retires the replacements and resumes before raising. */
     async gymRestore(input: GymRestoreInput): Promise<GymRestoreOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       if (!Array.isArray(input.scope)) throw invariantFailure('restore scope must be a list of episodes');
       const replies = await gymCall({ op: 'restore', checkpointId: input.restoreId }, (signal) =>
@@ -417,7 +417,7 @@ export function createGymActivities(deps: GymActivityDeps) {
 
     async gymRetire(input: GymRetireInput): Promise<GymRetireOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'retire', count: input.episodes.length }, (signal) =>
         retire(dep, {
@@ -434,7 +434,7 @@ export function createGymActivities(deps: GymActivityDeps) {
 
     async gymForget(input: GymForgetInput): Promise<GymForgetOutcome> {
       const start = Date.now();
-      const dep = deploymentOf(token, input.topology);
+      const dep = participantsOf(token, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'forget', count: input.rolloutIds.length }, (signal) =>
         forget(dep, {

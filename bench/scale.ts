@@ -52,7 +52,7 @@ import {
   preparedRestarts,
   restore,
   resume,
-  type Deployment,
+  type Participants,
 } from '../activities/coordination.js';
 import { closeControlPool } from '../activities/control-client.js';
 import { taskAt } from '../activities/dataset.js';
@@ -501,7 +501,7 @@ const rewardOf = (r: Reply | undefined): number | null => (r && r.status === 200
 
 const deadlineIn = (s: number): number => Date.now() / 1000 + s;
 
-async function participantsOf(endpoints: Endpoints): Promise<Deployment> {
+async function participantsOf(endpoints: Endpoints): Promise<Participants> {
   const servers = Object.entries(endpoints)
     .filter(([, e]) => e.kind !== 'inference')
     .map(([name, e]) => ({ name, url: e.url }));

@@ -16,7 +16,7 @@ import {
   resume,
   restore,
   retire,
-  type Deployment,
+  type Participants,
 } from '../../activities/coordination.js';
 import { closeControlPool } from '../../activities/control-client.js';
 import type { Kind } from '../../protocol/ids.js';
@@ -58,7 +58,7 @@ async function stats(p: MemoryProcess): Promise<{ phase: string; admissionOpen: 
   return (await fetch(`${p.url}/_test/stats`)).json() as never;
 }
 
-async function deploymentOf(procs: MemoryProcess[]): Promise<Deployment> {
+async function participantsOf(procs: MemoryProcess[]): Promise<Participants> {
   const found = await discover({ servers: procs.map((p) => ({ name: p.name, url: p.url })), token: TOKEN, probeTimeoutMs: 5_000 });
   expect(found.members.map((m) => m.name)).toEqual(['env1', 'policy', 'agent1', 'res1', 'res2']);
   return { token: TOKEN, members: found.members };
@@ -75,8 +75,8 @@ async function seedEpisodes(procs: MemoryProcess[]): Promise<void> {
   }
 }
 
-async function checkpointOnce(procs: MemoryProcess[], dir: string): Promise<Deployment> {
-  const dep = await deploymentOf(procs);
+async function checkpointOnce(procs: MemoryProcess[], dir: string): Promise<Participants> {
+  const dep = await participantsOf(procs);
   const prep = await prepare(dep, { checkpointId: 'ckpt-1', deadlineTs: deadline() });
   expect(prep.prepared).toBe(true);
   expect(preparedRestarts(prep)).toEqual([{ rollout_id: 'r2', attempt: 0 }]);
@@ -105,7 +105,7 @@ describe('coordination over real processes', () => {
     await Promise.all(first.map((p) => p.proc.kill()));
     running = [];
     const fresh = await startAll();
-    const dep = await deploymentOf(fresh);
+    const dep = await participantsOf(fresh);
     const restored = await restore(dep, {
       checkpointId: 'restore-1',
       deadlineTs: deadline(),
@@ -143,7 +143,7 @@ describe('coordination over real processes', () => {
 
     const fresh = await startAll();
     await post(byName(fresh, 'agent1'), '/_test/faults', { installThrows: true });
-    const dep = await deploymentOf(fresh);
+    const dep = await participantsOf(fresh);
     const err = await restore(dep, {
       checkpointId: 'restore-2',
       deadlineTs: deadline(),

@@ -22,7 +22,7 @@ import {
   restore,
   resume,
   retire,
-  type Deployment,
+  type Participants,
   type Member,
   type PrepareResult,
 } from '../../activities/coordination.js';
@@ -154,7 +154,7 @@ const deadline = (s = 30): number => Date.now() / 1000 + s;
 const callsOf = (op: string): Call[] => calls.filter((c) => c.op === op);
 const serversOf = (op: string): string[] => callsOf(op).map((c) => c.server);
 
-async function deployment(specs: [string, Kind, Script?][]): Promise<Deployment> {
+async function deployment(specs: [string, Kind, Script?][]): Promise<Participants> {
   const members = await Promise.all(specs.map(([n, k, s]) => fake(n, k, s)));
   return { token: TOKEN, members };
 }
@@ -450,7 +450,7 @@ describe('resume', () => {
   });
 
   it('a transport failure is transient', async () => {
-    const dep: Deployment = {
+    const dep: Participants = {
       token: TOKEN,
       members: [{ name: 'gone', url: await refusedUrl(), kind: 'environment' }],
     };

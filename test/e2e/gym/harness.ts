@@ -18,7 +18,7 @@ import {
   preparedBlockers,
   restore,
   resume,
-  type Deployment,
+  type Participants,
   type PrepareResult,
 } from '../../../activities/coordination.js';
 import { closeControlPool } from '../../../activities/control-client.js';
@@ -218,7 +218,7 @@ export async function restart(gym: Gym): Promise<void> {
  * The checkpoint participants, discovered as a controller does (§11.1); the inference backend is
  * not part of Gym. Every deployment here runs the policy model as a participant (checkpoint_policy).
  */
-export async function participants(gym: Gym, opts: { exclude?: readonly string[] } = {}): Promise<Deployment> {
+export async function participants(gym: Gym, opts: { exclude?: readonly string[] } = {}): Promise<Participants> {
   const servers = Object.entries(gym.endpoints)
     .filter(([name, e]) => e.kind !== 'inference' && !opts.exclude?.includes(name))
     .map(([name, e]) => ({ name, url: e.url }));
@@ -395,7 +395,7 @@ export interface RestoreOptions {
   /** Servers left out of the restore (negative controls): they come up empty. */
   exclude?: readonly string[];
   /** Runs after the restore and before the resume (e.g. retire restart episodes). */
-  beforeResume?: (dep: Deployment) => Promise<void>;
+  beforeResume?: (dep: Participants) => Promise<void>;
 }
 
 /**

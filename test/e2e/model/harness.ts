@@ -15,7 +15,7 @@ import {
   preparedBlockers,
   restore,
   resume,
-  type Deployment,
+  type Participants,
   type PrepareResult,
 } from '../../../activities/coordination.js';
 import { CONTROL_PREFIX, type CommitReply } from '../../../protocol/control.js';
@@ -179,7 +179,7 @@ export async function tearDown(gym: Gym | undefined): Promise<void> {
 }
 
 /** The checkpoint participants; discovery requires the policy model among them. */
-export async function participants(gym: Gym): Promise<Deployment> {
+export async function participants(gym: Gym): Promise<Participants> {
   const servers = Object.entries(gym.endpoints)
     .filter(([, e]) => e.kind !== 'inference')
     .map(([name, e]) => ({ name, url: e.url }));
@@ -267,7 +267,7 @@ export async function restartAndRestore(
   dir: string,
   restoreId: string,
   scope: EpisodeId[],
-  beforeResume?: (dep: Deployment) => Promise<void>,
+  beforeResume?: (dep: Participants) => Promise<void>,
 ): Promise<void> {
   await restartDeployment(gym.runDir, { env: ENV, healthTimeoutMs: 60_000 });
   const dep = await participants(gym);
