@@ -10,7 +10,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { setTimeout as delay } from 'node:timers/promises';
 import { NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { createActivities } from './activities/index.js';
+import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
 
 export interface ControllerWorkerOptions {
   address: string;
@@ -72,7 +72,9 @@ async function connectWorkers(
 }
 
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
-  const activities = createActivities({ controlToken: opts.controlToken });
+  // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
+  const pools = createActivityPools();
+  const activities = createActivities({ controlToken: opts.controlToken, pools });
   const workflowBundle = opts.workflowBundle ?? (await bundleWorkflows());
   const { connection, workers } = await connectWorkers(opts, async (connection) => [
     await Worker.create({
@@ -102,7 +104,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   let running: Promise<void> | undefined;
   return {
     run() {
-      running ??= Promise.all([control.run(), rollouts.run()]).then(() => connection.close());
+      running ??= Promise.all([control.run(), rollouts.run()]).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {}));
       return running;
     },
     async shutdown() {

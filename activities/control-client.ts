@@ -16,10 +16,8 @@ export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 /** Slack added to the remaining deadline: the participant bounds its work by the deadline, this covers the reply in flight. */
 export const REPLY_SLACK_MS = 5_000;
 
-let pool: Agent | undefined;
-let poolOptions: ControlPoolOptions = {};
-
-function buildPool(opts: ControlPoolOptions): Agent {
+/** The reserved control pool (§11.9); the worker makes one and passes it in (createActivities). */
+export function createControlPool(opts: ControlPoolOptions = {}): Agent {
   return new Agent({
     connections: opts.connections ?? DEFAULT_CONTROL_CONNECTIONS,
     connect: { timeout: opts.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS },
@@ -29,26 +27,6 @@ function buildPool(opts: ControlPoolOptions): Agent {
     bodyTimeout: 0,
     ...CLIENT_KEEP_ALIVE,
   });
-}
-
-/** The reserved control pool, created on first use. */
-export function controlPool(): Agent {
-  pool ??= buildPool(poolOptions);
-  return pool;
-}
-
-/** Sets the pool size for later calls; an existing pool is closed gracefully and replaced. */
-export async function configureControlPool(opts: ControlPoolOptions): Promise<void> {
-  poolOptions = { ...opts };
-  const old = pool;
-  pool = undefined;
-  if (old) await old.close();
-}
-
-export async function closeControlPool(): Promise<void> {
-  const old = pool;
-  pool = undefined;
-  if (old) await old.close();
 }
 
 /** `max(deadline_ts − now, 0) + 5 s`, in milliseconds (§11.2). `deadlineTs` is epoch seconds. */
@@ -110,8 +88,8 @@ export interface ControlCallOptions {
   body?: Buffer | string;
   timeoutMs: number;
   signal?: AbortSignal;
-  /** Defaults to the reserved control pool. */
-  dispatcher?: Dispatcher;
+  /** The reserved control pool (createControlPool). */
+  dispatcher: Dispatcher;
 }
 
 export interface ControlResponse {
@@ -161,7 +139,7 @@ export async function controlCall(opts: ControlCallOptions): Promise<ControlResp
   try {
     const res = await request(url, {
       method: opts.method,
-      dispatcher: opts.dispatcher ?? controlPool(),
+      dispatcher: opts.dispatcher,
       headers: { 'content-type': 'application/json', authorization: `Bearer ${opts.token}` },
       body: opts.body ?? null,
       signal: controller.signal,

@@ -2,6 +2,7 @@
 // ordered fan-outs of prepare, commit, renew, resume, restore, retire and forget.
 // Plain async functions over plain data: Temporal activities wrap them, so every result and
 // error here is serializable.
+import type { Dispatcher } from 'undici';
 import type { z } from 'zod';
 import {
   CONTROL_PREFIX,
@@ -35,9 +36,10 @@ export interface Member {
   kind: Kind;
 }
 
-/** The participants a checkpoint coordinates, and the bearer token of their control routes. */
+/** The participants a checkpoint coordinates, the bearer token of their control routes, and the reserved control pool (§11.9) that reaches them. */
 export interface Participants {
   token: string;
+  pool: Dispatcher;
   /** Sorted by (prepare stage of kind, name), as discover returns them. */
   members: Member[];
 }
@@ -193,7 +195,7 @@ function opPath(op: ControlOperation): string {
 
 async function callOne<S extends z.ZodType, T>(
   member: { url: string },
-  token: string,
+  { token, pool }: { token: string; pool: Dispatcher },
   op: ControlOperation,
   body: Buffer | undefined,
   timeoutMs: number,
@@ -208,6 +210,7 @@ async function callOne<S extends z.ZodType, T>(
       method: body === undefined ? 'GET' : 'POST',
       path: opPath(op),
       token,
+      dispatcher: pool,
       ...(body !== undefined ? { body } : {}),
       timeoutMs,
       ...(signal ? { signal } : {}),
@@ -233,7 +236,7 @@ async function fanOut<S extends z.ZodType, T>(
   signal: AbortSignal | undefined,
 ): Promise<Sent<T>> {
   const timeoutMs = callTimeoutMs(deadlineTs);
-  const outcomes = await Promise.all(members.map((m) => callOne(m, dep.token, op, body, timeoutMs, schema, convert, signal)));
+  const outcomes = await Promise.all(members.map((m) => callOne(m, dep, op, body, timeoutMs, schema, convert, signal)));
   const sent: Sent<T> = { replies: {}, failures: {} };
   members.forEach((m, i) => {
     const o = outcomes[i]!;
@@ -272,6 +275,8 @@ function defaultLog(message: string, fields: Record<string, unknown>): void {
 export interface DiscoverOptions {
   servers: { name: string; url: string }[];
   token: string;
+  /** The reserved control pool (§11.9). */
+  pool: Dispatcher;
   /** Bound on one status probe (one try). */
   probeTimeoutMs?: number;
   /** Tries in all for connection errors. */
@@ -297,7 +302,7 @@ type Probe = { kind: 'member'; status: StatusReply } | { kind: 'skipped' } | { k
 
 async function probe(
   server: { url: string },
-  token: string,
+  { token, pool }: { token: string; pool: Dispatcher },
   probeTimeoutMs: number,
   tries: number,
   retryDelayMs: number,
@@ -311,6 +316,7 @@ async function probe(
         method: 'GET',
         path: opPath('status'),
         token,
+        dispatcher: pool,
         timeoutMs: probeTimeoutMs,
         ...(signal ? { signal } : {}),
       });
@@ -351,7 +357,7 @@ export async function discover(opts: DiscoverOptions): Promise<DiscoverResult> {
   const probeTimeoutMs = opts.probeTimeoutMs ?? 60_000;
   const tries = Math.max(1, opts.tries ?? 3);
   const retryDelayMs = opts.retryDelayMs ?? 250;
-  const results = await Promise.all(opts.servers.map((s) => probe(s, opts.token, probeTimeoutMs, tries, retryDelayMs, opts.signal)));
+  const results = await Promise.all(opts.servers.map((s) => probe(s, opts, probeTimeoutMs, tries, retryDelayMs, opts.signal)));
   const members: Member[] = [];
   const statuses: Record<string, StatusReply> = {};
   const skipped: string[] = [];

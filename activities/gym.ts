@@ -3,6 +3,7 @@
 // checkpoint workflow branches on (docs/controller.md "Activities").
 import { createHash } from 'node:crypto';
 import path from 'node:path';
+import type { Dispatcher } from 'undici';
 import { ApplicationFailure } from '@temporalio/common';
 import {
   FAILURE_TYPES,
@@ -54,6 +55,8 @@ import {
 
 export interface GymActivityDeps {
   controlToken: string;
+  /** The reserved control pool (§11.9). */
+  controlPool: Dispatcher;
   log?: ActivityLog;
 }
 
@@ -111,9 +114,9 @@ async function gymCall<T>(details: unknown, fn: (signal: AbortSignal | undefined
   }
 }
 
-function participantsOf(token: string, topology: GymTopology): Participants {
+function participantsOf(token: string, pool: Dispatcher, topology: GymTopology): Participants {
   if (!topology || !Array.isArray(topology.members)) throw invariantFailure('topology has no members list');
-  return { token, members: sortMembers(topology.members) };
+  return { token, pool, members: sortMembers(topology.members) };
 }
 
 /** Absolute epoch seconds `timeoutS` from now. */
@@ -261,7 +264,7 @@ export function createGymActivities(deps: GymActivityDeps) {
         .filter(([, e]) => e.kind !== 'inference')
         .map(([name, e]) => ({ name, url: e.url }));
       const found = await gymCall({ op: 'discover' }, (signal) =>
-        discover({ servers: candidates, token, requireModel: input.requireModel ?? false, ...(signal ? { signal } : {}) }),
+        discover({ servers: candidates, token, pool: deps.controlPool, requireModel: input.requireModel ?? false, ...(signal ? { signal } : {}) }),
       );
       const members: GymMember[] = found.members.map((m) => ({ name: m.name, url: m.url, kind: m.kind }));
       const servers: GymTopology['servers'] = {};
@@ -278,7 +281,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Not prepared is an answer, not an error: the workflow resumes, retires stragglers, and tries a new ID. */
     async gymPrepare(input: GymCallInput): Promise<GymPrepareOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const result = await gymCall({ op: 'prepare', checkpointId: input.checkpointId }, (signal) =>
         prepare(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -299,7 +302,7 @@ export function createGymActivities(deps: GymActivityDeps) {
      */
     async gymCommit(input: GymCommitInput): Promise<GymCommitOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       if (!Array.isArray(input.scope)) throw invariantFailure('commit scope must be a list of episodes');
       const replies = await gymCall({ op: 'commit', checkpointId: input.checkpointId }, (signal) =>
@@ -362,7 +365,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Extends the leases while publication runs long. */
     async gymRenew(input: GymCallInput): Promise<GymRenewOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'renew', checkpointId: input.checkpointId }, (signal) =>
         renew(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -375,7 +378,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** Release (after publish) or abort (before): the same call; every stage runs even if one fails. */
     async gymResume(input: GymCallInput): Promise<GymResumeOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'resume', checkpointId: input.checkpointId }, (signal) =>
         resume(dep, { checkpointId: input.checkpointId, deadlineTs, ...(signal ? { signal } : {}) }),
@@ -389,7 +392,7 @@ export function createGymActivities(deps: GymActivityDeps) {
     /** All or nothing: on failure coordination retires the replacements and resumes before raising. */
     async gymRestore(input: GymRestoreInput): Promise<GymRestoreOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       if (!Array.isArray(input.scope)) throw invariantFailure('restore scope must be a list of episodes');
       const replies = await gymCall({ op: 'restore', checkpointId: input.restoreId }, (signal) =>
@@ -417,7 +420,7 @@ export function createGymActivities(deps: GymActivityDeps) {
 
     async gymRetire(input: GymRetireInput): Promise<GymRetireOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'retire', count: input.episodes.length }, (signal) =>
         retire(dep, {
@@ -434,7 +437,7 @@ export function createGymActivities(deps: GymActivityDeps) {
 
     async gymForget(input: GymForgetInput): Promise<GymForgetOutcome> {
       const start = Date.now();
-      const dep = participantsOf(token, input.topology);
+      const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
       const replies = await gymCall({ op: 'forget', count: input.rolloutIds.length }, (signal) =>
         forget(dep, {

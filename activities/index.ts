@@ -1,17 +1,34 @@
 // The controller's Temporal activities (docs/controller.md "Activities"): the only I/O of the
 // controller. Workflows use `proxyActivities<Activities>()`; every input and output is plain JSON.
+import type { Agent } from 'undici';
 import type { ActivityLog } from './activity-context.js';
-import { closeControlPool } from './control-client.js';
+import { createControlPool, type ControlPoolOptions } from './control-client.js';
 import { createGymActivities } from './gym.js';
 import { createLoaderActivities } from './loader.js';
 import { createMetricsActivities } from './metrics.js';
-import { closeRunPool, createRolloutActivities } from './rollouts.js';
+import { createRolloutActivities, createRunPool } from './rollouts.js';
 import { createSnapshotActivities } from './snapshots.js';
 import { createTrainerActivities, type TrainerDeps } from './trainer.js';
+
+/** The HTTP connection pools of the activities: control calls never wait behind parked `/run` calls. */
+export interface ActivityPools {
+  control: Agent;
+  run: Agent;
+}
+
+export function createActivityPools(control: ControlPoolOptions = {}): ActivityPools {
+  return { control: createControlPool(control), run: createRunPool() };
+}
+
+/** Closes the pools (worker shutdown, tests): in-flight calls finish first. */
+export async function closeActivityPools(pools: ActivityPools): Promise<void> {
+  await Promise.all([pools.control.close(), pools.run.close()]);
+}
 
 export interface ActivityDeps {
   /** Bearer token of the Gym control routes. */
   controlToken: string;
+  pools: ActivityPools;
   /** Where logged-not-raised failures go (restore cleanup); default the activity logger. */
   log?: ActivityLog;
   trainer?: TrainerDeps;
@@ -19,8 +36,8 @@ export interface ActivityDeps {
 
 export function createActivities(deps: ActivityDeps) {
   return {
-    ...createGymActivities(deps),
-    ...createRolloutActivities(),
+    ...createGymActivities({ controlToken: deps.controlToken, controlPool: deps.pools.control, ...(deps.log ? { log: deps.log } : {}) }),
+    ...createRolloutActivities(deps.pools.run),
     ...createSnapshotActivities(),
     ...createMetricsActivities(),
     ...createLoaderActivities(),
@@ -29,11 +46,6 @@ export function createActivities(deps: ActivityDeps) {
 }
 
 export type Activities = ReturnType<typeof createActivities>;
-
-/** Closes the control and `/run` connection pools (worker shutdown, tests). */
-export async function closeActivityPools(): Promise<void> {
-  await Promise.all([closeControlPool(), closeRunPool()]);
-}
 
 export type { ActivityLog } from './activity-context.js';
 export type {

@@ -2,7 +2,7 @@
 // RolloutReport. `/run` lasts minutes to hours, so it gets its own undici pool without the 300 s
 // header/body timeouts; heartbeats carry cancellation to the call, which aborts the request.
 import { ApplicationFailure } from '@temporalio/common';
-import { Agent, request } from 'undici';
+import { Agent, type Dispatcher, request } from 'undici';
 import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef } from '../protocol/controller.js';
 import { errorCodeOf } from '../protocol/errors.js';
 import { captureKey } from '../protocol/ids.js';
@@ -19,18 +19,9 @@ const MAX_SUMMARY_FIELDS = 24;
 const MAX_SUMMARY_STRING = 200;
 const MAX_REASON = 1_000;
 
-let pool: Agent | undefined;
-
 /** The `/run` pool: not the control pool (data calls parked by a checkpoint must not starve control calls). */
-export function runPool(): Agent {
-  pool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
-  return pool;
-}
-
-export async function closeRunPool(): Promise<void> {
-  const old = pool;
-  pool = undefined;
-  if (old) await old.close();
+export function createRunPool(): Agent {
+  return new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
 }
 
 /** Reward plus the small scalar fields of a result; never the trajectory. */
@@ -106,7 +97,7 @@ export function reportOfReply(input: RunEpisodeInput, status: number, body: unkn
   throw ApplicationFailure.nonRetryable(clip(message, 2_000), code ?? `http_${status}`, details);
 }
 
-export function createRolloutActivities() {
+export function createRolloutActivities(runPool: Dispatcher) {
   return {
     async runEpisode(input: RunEpisodeInput): Promise<RolloutReport> {
       const start = Date.now();
@@ -119,7 +110,7 @@ export function createRolloutActivities() {
         try {
           const res = await request(url, {
             method: 'POST',
-            dispatcher: runPool(),
+            dispatcher: runPool,
             headers: {
               'content-type': 'application/json',
               ...(input.expectedInstance ? { 'x-ng-instance-id': input.expectedInstance } : {}),

@@ -28,7 +28,6 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
-import { closeActivityPools } from '../activities/index.js';
 import { createTrainerActivities } from '../activities/trainer.js';
 import type { CheckpointOutcome } from '../protocol/controller.js';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
@@ -253,7 +252,6 @@ async function main(): Promise<void> {
   await connection.close();
   await workers.shutdown();
   await running;
-  await closeActivityPools();
   await stopServer();
   await rm(dir, { recursive: true, force: true });
   if (problems.length) {

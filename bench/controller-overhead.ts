@@ -25,9 +25,8 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
-import { closeActivityPools } from '../activities/index.js';
 import { discover, forget } from '../activities/coordination.js';
-import { closeControlPool } from '../activities/control-client.js';
+import { createControlPool } from '../activities/control-client.js';
 import { loadPromptGroups } from '../activities/loader.js';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
 import type { Task } from '../protocol/tasks.js';
@@ -274,11 +273,12 @@ async function main(): Promise<void> {
     const servers = Object.entries(endpoints)
       .filter(([, e]) => e.kind !== 'inference')
       .map(([name, e]) => ({ name, url: e.url }));
-    const dep = { token: TOKEN, members: (await discover({ servers, token: TOKEN })).members };
+    const pool = createControlPool();
+    const dep = { token: TOKEN, pool, members: (await discover({ servers, token: TOKEN, pool })).members };
     for (let i = 0; i < ids.length; i += 1000) {
       await forget(dep, { deadlineTs: Date.now() / 1000 + 120, rolloutIds: ids.slice(i, i + 1000) });
     }
-    await closeControlPool();
+    await pool.close();
     await postJson(`${backend.url}/_ctl/reset`, {});
   };
 
@@ -399,7 +399,6 @@ async function main(): Promise<void> {
   await connection.close();
   await workers.shutdown();
   await running;
-  await closeActivityPools();
   await stopGym();
   await stopServer();
   await rm(dir, { recursive: true, force: true });

@@ -12,7 +12,6 @@ import { RunConfigSchema } from '../protocol/run-config.js';
 import { startRun } from '../scripts/run.js';
 import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
-import { closeActivityPools } from '../activities/index.js';
 import { createControllerWorkers } from '../worker.js';
 import { checkpointWorkflowId } from '../workflows/checkpointAttempt.js';
 import { checkpointNow, runStatus } from '../workflows/messages.js';
@@ -238,7 +237,6 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   await connection.close();
   await workers.shutdown();
   await running;
-  await closeActivityPools();
   await stopGym();
   await stopServer();
   await rm(dir, { recursive: true, force: true });

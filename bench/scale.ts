@@ -54,7 +54,7 @@ import {
   resume,
   type Participants,
 } from '../activities/coordination.js';
-import { closeControlPool } from '../activities/control-client.js';
+import { createControlPool } from '../activities/control-client.js';
 import { taskAt } from '../activities/dataset.js';
 import { CONTROL_PREFIX } from '../protocol/control.js';
 import { captureKey, nextAttempt, type EpisodeId } from '../protocol/ids.js';
@@ -501,12 +501,21 @@ const rewardOf = (r: Reply | undefined): number | null => (r && r.status === 200
 
 const deadlineIn = (s: number): number => Date.now() / 1000 + s;
 
+/** The reserved control pool; replaced after a crash (its idle connections point at dead servers). */
+let controlPool = createControlPool();
+
+async function dropControlPool(): Promise<void> {
+  const old = controlPool;
+  controlPool = createControlPool();
+  await old.destroy();
+}
+
 async function participantsOf(endpoints: Endpoints): Promise<Participants> {
   const servers = Object.entries(endpoints)
     .filter(([, e]) => e.kind !== 'inference')
     .map(([name, e]) => ({ name, url: e.url }));
-  const found = await discover({ servers, token: TOKEN, probeTimeoutMs: 60_000, requireModel: true });
-  return { token: TOKEN, members: found.members };
+  const found = await discover({ servers, token: TOKEN, pool: controlPool, probeTimeoutMs: 60_000, requireModel: true });
+  return { token: TOKEN, pool: controlPool, members: found.members };
 }
 
 export interface ScaleOptions {
@@ -627,7 +636,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const finishedAfter = runs.filter((r) => !finishedBefore.has(captureKey(r.planned.episode)) && rewardOf(r.reply) !== null).length;
     if (finishedAfter > 0) problems.push(`${finishedAfter} exported rollouts delivered a result between the checkpoint and the crash (they were held)`);
     // Idle keep-alive connections to the dead servers would keep their ports in FIN-WAIT.
-    await Promise.all([pool.destroy(), closeControlPool()]);
+    await Promise.all([pool.destroy(), dropControlPool()]);
     pool = newRunPool();
     const tRestart = performance.now();
     // Only the restored processes are profiled: a SIGKILLed process writes no profile.
@@ -799,7 +808,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     throw err;
   } finally {
     timer.stop();
-    await Promise.all([pool.destroy(), closeControlPool()]);
+    await Promise.all([pool.destroy(), dropControlPool()]);
     if (o.keep) o.log(`  kept ${dir}`);
     else await rm(dir, { recursive: true, force: true });
   }

@@ -18,7 +18,7 @@ import {
   retire,
   type Participants,
 } from '../../activities/coordination.js';
-import { closeControlPool } from '../../activities/control-client.js';
+import { createControlPool } from '../../activities/control-client.js';
 import type { Kind } from '../../protocol/ids.js';
 import { startMemoryProcess, type MemoryProcess } from '../helpers/memory-processes.js';
 
@@ -39,7 +39,7 @@ afterEach(async () => {
   running = [];
 });
 afterAll(async () => {
-  await closeControlPool();
+  await pool.close();
   await Promise.all(dirs.map((d) => rm(d, { recursive: true, force: true })));
 });
 
@@ -58,10 +58,12 @@ async function stats(p: MemoryProcess): Promise<{ phase: string; admissionOpen: 
   return (await fetch(`${p.url}/_test/stats`)).json() as never;
 }
 
+const pool = createControlPool();
+
 async function participantsOf(procs: MemoryProcess[]): Promise<Participants> {
-  const found = await discover({ servers: procs.map((p) => ({ name: p.name, url: p.url })), token: TOKEN, probeTimeoutMs: 5_000 });
+  const found = await discover({ servers: procs.map((p) => ({ name: p.name, url: p.url })), token: TOKEN, pool, probeTimeoutMs: 5_000 });
   expect(found.members.map((m) => m.name)).toEqual(['env1', 'policy', 'agent1', 'res1', 'res2']);
-  return { token: TOKEN, members: found.members };
+  return { token: TOKEN, pool, members: found.members };
 }
 
 const deadline = (s = 10): number => Date.now() / 1000 + s;

@@ -1,17 +1,7 @@
 import net from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
-import { getGlobalDispatcher } from 'undici';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import {
-  ControlTransportError,
-  callTimeoutMs,
-  closeControlPool,
-  configureControlPool,
-  controlCall,
-  controlPool,
-  encodeBody,
-  joinUrl,
-} from '../../activities/control-client.js';
+import { ControlTransportError, callTimeoutMs, controlCall, createControlPool, encodeBody, joinUrl } from '../../activities/control-client.js';
 import { sleep } from '../helpers/wait.js';
 
 const apps: FastifyInstance[] = [];
@@ -24,9 +14,9 @@ afterEach(async () => {
   sockets.clear();
   await Promise.all(rawServers.splice(0).map((s) => new Promise((r) => s.close(r))));
 });
+const pool = createControlPool();
 afterAll(async () => {
-  await configureControlPool({});
-  await closeControlPool();
+  await pool.close();
 });
 
 async function server(build: (app: FastifyInstance) => void): Promise<string> {
@@ -59,16 +49,16 @@ describe('controlCall', () => {
       app.post('/base/text', async (_req, reply) => reply.code(500).type('text/plain').send('Internal Server Error'));
     });
     const body = encodeBody({ b: 1, a: [1.5] });
-    const res = await controlCall({ url: `${url}/base/`, method: 'POST', path: '/json', token: 'tok', body, timeoutMs: 5000 });
+    const res = await controlCall({ url: `${url}/base/`, method: 'POST', path: '/json', token: 'tok', body, timeoutMs: 5000, dispatcher: pool });
     expect(res).toEqual({ status: 200, body: { ok: true } });
     expect(seen).toEqual({ raw: '{"b":1,"a":[1.5]}', ct: 'application/json', auth: 'Bearer tok' });
-    const text = await controlCall({ url: `${url}/base`, method: 'POST', path: '/text', token: 'tok', body: '{}', timeoutMs: 5000 });
+    const text = await controlCall({ url: `${url}/base`, method: 'POST', path: '/text', token: 'tok', body: '{}', timeoutMs: 5000, dispatcher: pool });
     expect(text).toEqual({ status: 500, body: 'Internal Server Error' });
   });
 
   it('times out a server that never replies', async () => {
     const url = await silentServer();
-    const err = await controlCall({ url, method: 'GET', path: '/x', token: 't', timeoutMs: 150 }).catch((e) => e);
+    const err = await controlCall({ url, method: 'GET', path: '/x', token: 't', timeoutMs: 150, dispatcher: pool }).catch((e) => e);
     expect(err).toBeInstanceOf(ControlTransportError);
     expect(err.reason).toBe('timeout');
     expect(err.message).toBe('no reply within 0.15 seconds');
@@ -78,7 +68,7 @@ describe('controlCall', () => {
     const url = await silentServer();
     const ac = new AbortController();
     setTimeout(() => ac.abort(), 50);
-    const err = await controlCall({ url, method: 'GET', path: '/x', token: 't', timeoutMs: 10_000, signal: ac.signal }).catch((e) => e);
+    const err = await controlCall({ url, method: 'GET', path: '/x', token: 't', timeoutMs: 10_000, signal: ac.signal, dispatcher: pool }).catch((e) => e);
     expect(err).toBeInstanceOf(ControlTransportError);
     expect(err.reason).toBe('aborted');
   });
@@ -88,7 +78,9 @@ describe('controlCall', () => {
     await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
     const port = (srv.address() as net.AddressInfo).port;
     await new Promise<void>((r) => srv.close(() => r()));
-    const err = await controlCall({ url: `http://127.0.0.1:${port}`, method: 'GET', path: '/x', token: 't', timeoutMs: 5000 }).catch((e) => e);
+    const err = await controlCall({ url: `http://127.0.0.1:${port}`, method: 'GET', path: '/x', token: 't', timeoutMs: 5000, dispatcher: pool }).catch(
+      (e) => e,
+    );
     expect(err).toBeInstanceOf(ControlTransportError);
     expect(err.reason).toBe('connect');
     expect(err.code).toBe('ECONNREFUSED');
@@ -96,8 +88,7 @@ describe('controlCall', () => {
     expect(JSON.parse(JSON.stringify(err)).reason).toBe('connect');
   });
 
-  it('uses a reserved pool with a configurable number of connections per origin', async () => {
-    expect(controlPool()).not.toBe(getGlobalDispatcher());
+  it('a control pool has a configurable number of connections per origin', async () => {
     let active = 0;
     let peak = 0;
     const url = await server((app) => {
@@ -109,12 +100,16 @@ describe('controlCall', () => {
         return {};
       });
     });
-    await configureControlPool({ connections: 1 });
-    await Promise.all([1, 2, 3].map(() => controlCall({ url, method: 'GET', path: '/slow', token: 't', timeoutMs: 5000 })));
-    expect(peak).toBe(1);
-    await configureControlPool({ connections: 4 });
-    await Promise.all([1, 2, 3].map(() => controlCall({ url, method: 'GET', path: '/slow', token: 't', timeoutMs: 5000 })));
-    expect(peak).toBe(3);
+    for (const [connections, expected] of [
+      [1, 1],
+      [4, 3],
+    ]) {
+      const sized = createControlPool({ connections });
+      peak = 0;
+      await Promise.all([1, 2, 3].map(() => controlCall({ url, method: 'GET', path: '/slow', token: 't', timeoutMs: 5000, dispatcher: sized })));
+      expect(peak).toBe(expected);
+      await sized.close();
+    }
   });
 });
 

@@ -11,7 +11,7 @@ import { DefaultLogger } from '@temporalio/worker';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { topologyFingerprint } from '../../activities/gym.js';
-import { closeActivityPools, createActivities } from '../../activities/index.js';
+import { closeActivityPools, createActivities, createActivityPools } from '../../activities/index.js';
 import { allocateSnapshot, finalizeSnapshot, validateSnapshot, writeLedgerCut } from '../../activities/snapshots.js';
 import { taskAt } from '../../activities/dataset.js';
 import {
@@ -28,7 +28,8 @@ import { buildMemoryServer, type MemoryParticipant } from '../participants/memor
 import { tempDir } from '../helpers/temp-dir.js';
 
 const TOKEN = 'activities-test-token';
-const acts = createActivities({ controlToken: TOKEN, log: () => {} });
+const pools = createActivityPools();
+const acts = createActivities({ controlToken: TOKEN, pools, log: () => {} });
 
 let tmp: string;
 const apps: FastifyInstance[] = [];
@@ -50,7 +51,7 @@ afterEach(async () => {
   );
 });
 afterAll(async () => {
-  await closeActivityPools();
+  await closeActivityPools(pools);
 });
 
 /** A fresh mock activity context (cancel() is per context); failures are expected here, keep it quiet. */
@@ -224,7 +225,7 @@ describe('Gym coordination activities', () => {
 
   it('a wrong token is refused for good (unauthorized)', async () => {
     const { topology } = await gym();
-    const other = createActivities({ controlToken: 'wrong-token', log: () => {} });
+    const other = createActivities({ controlToken: 'wrong-token', pools, log: () => {} });
     const f = await failureOf(run(other.gymPrepare, { topology, checkpointId: 'ckpt-x', timeoutS: 5 }));
     expect(f.type).toBe('unauthorized');
     expect(f.nonRetryable).toBe(true);

@@ -26,7 +26,7 @@ import {
   type Member,
   type PrepareResult,
 } from '../../activities/coordination.js';
-import { closeControlPool } from '../../activities/control-client.js';
+import { createControlPool } from '../../activities/control-client.js';
 import type { Kind } from '../../protocol/ids.js';
 
 const TOKEN = 'test-token';
@@ -154,9 +154,11 @@ const deadline = (s = 30): number => Date.now() / 1000 + s;
 const callsOf = (op: string): Call[] => calls.filter((c) => c.op === op);
 const serversOf = (op: string): string[] => callsOf(op).map((c) => c.server);
 
-async function deployment(specs: [string, Kind, Script?][]): Promise<Participants> {
+const pool = createControlPool();
+
+async function participants(specs: [string, Kind, Script?][]): Promise<Participants> {
   const members = await Promise.all(specs.map(([n, k, s]) => fake(n, k, s)));
-  return { token: TOKEN, members };
+  return { token: TOKEN, pool, members };
 }
 
 afterEach(async () => {
@@ -167,7 +169,7 @@ afterEach(async () => {
   calls = [];
 });
 afterAll(async () => {
-  await closeControlPool();
+  await pool.close();
 });
 
 /** All calls of `later` arrived after every call of `earlier` was answered. */
@@ -180,7 +182,7 @@ function expectAfter(earlier: Call[], later: Call[]): void {
 describe('prepare', () => {
   it('runs the stages environment → model → agent → resources, each stage concurrently', async () => {
     const slow: Script = (op) => (op === 'prepare' ? { delayMs: 150 } : undefined);
-    const dep = await deployment([
+    const dep = await participants([
       ['env_a', 'environment', slow],
       ['env_b', 'environment', slow],
       ['policy', 'model', slow],
@@ -211,7 +213,7 @@ describe('prepare', () => {
       (keys: string[]): Script =>
       (op) =>
         op === 'prepare' ? { body: { phase: 'prepared', report: { ...okReport, restarts: keys } } } : undefined;
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment', restarts(['r2', 'r1-a1'])],
       ['policy', 'model'],
       ['agent', 'agent', restarts(['r0', 'r2'])],
@@ -231,7 +233,7 @@ describe('prepare', () => {
   });
 
   it('sends no restarts field at all when no stage reports one', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
       ['agent', 'agent'],
@@ -241,7 +243,7 @@ describe('prepare', () => {
   });
 
   it('stops at the first unprepared stage; later stages are never contacted', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       [
         'policy',
@@ -295,7 +297,7 @@ describe('prepare', () => {
   });
 
   it('a non-200 in a stage is a CoordinationError after the whole stage answered', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env_a', 'environment', (op) => (op === 'prepare' ? { status: 409, body: { error: { code: 'stale_checkpoint', detail: 'resumed' } } } : undefined)],
       ['env_b', 'environment', (op) => (op === 'prepare' ? { delayMs: 80 } : undefined)],
       ['policy', 'model'],
@@ -314,7 +316,7 @@ describe('prepare', () => {
 
 describe('commit, renew', () => {
   it('sends identical bytes to every participant, stop only when true, attempt always', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       [
         'env',
         'environment',
@@ -375,7 +377,7 @@ describe('commit, renew', () => {
   });
 
   it('a 200 whose body fails the reply schema is that server’s failure', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model', (op) => (op === 'commit' ? { body: { phase: 'committed' } } : undefined)],
     ]);
@@ -387,7 +389,7 @@ describe('commit, renew', () => {
   });
 
   it('renew fans out to everyone', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
       ['res', 'resources'],
@@ -404,7 +406,7 @@ describe('commit, renew', () => {
 describe('resume', () => {
   it('runs resources → agent → model → environment', async () => {
     const slow: Script = (op) => (op === 'resume' ? { delayMs: 30 } : undefined);
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment', slow],
       ['policy', 'model', slow],
       ['agent', 'agent', slow],
@@ -420,7 +422,7 @@ describe('resume', () => {
   });
 
   it('contacts everyone and aggregates the failures; tolerates non-envelope error bodies', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment', (op) => (op === 'resume' ? { status: 500, text: 'Internal Server Error' } : undefined)],
       ['policy', 'model', (op) => (op === 'resume' ? { status: 422, body: { detail: [{ type: 'missing', loc: ['body', 'deadline_ts'] }] } } : undefined)],
       ['agent', 'agent'],
@@ -452,6 +454,7 @@ describe('resume', () => {
   it('a transport failure is transient', async () => {
     const dep: Participants = {
       token: TOKEN,
+      pool,
       members: [{ name: 'gone', url: await refusedUrl(), kind: 'environment' }],
     };
     const err = await resume(dep, { checkpointId: 'c', deadlineTs: deadline() }).catch((e) => e);
@@ -463,7 +466,7 @@ describe('resume', () => {
 
 describe('restore', () => {
   it('on success returns the replies; one body for all', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
     ]);
@@ -483,7 +486,7 @@ describe('restore', () => {
 
   it('a failure retires N+1 in retire order with the restore ID, resumes everyone, raises the original error', async () => {
     const logged: string[] = [];
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model', (op) => (op === 'restore' ? { status: 409, body: { error: { code: 'checkpoint_error', detail: 'served calls' } } } : undefined)],
       ['agent', 'agent', (op) => (op === 'retire' ? { status: 500, text: 'boom' } : undefined)],
@@ -531,7 +534,7 @@ describe('restore', () => {
   });
 
   it('retires in all three groups when every retire succeeds', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
       ['agent', 'agent'],
@@ -564,7 +567,7 @@ describe('restore', () => {
 describe('retire and forget', () => {
   it('retires group by group: environment, agent, then model + resources together', async () => {
     const slow: Script = (op) => (op === 'retire' ? { delayMs: 150 } : undefined);
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment', slow],
       ['policy', 'model', slow],
       ['agent', 'agent', slow],
@@ -587,7 +590,7 @@ describe('retire and forget', () => {
   });
 
   it('a failing group aborts the sequence', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
       ['agent', 'agent', (op) => (op === 'retire' ? { status: 409, body: { error: { code: 'invalid_phase', detail: 'open checkpoint' } } } : undefined)],
@@ -601,7 +604,7 @@ describe('retire and forget', () => {
   });
 
   it('skips the call when there is nothing to retire or forget', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model'],
     ]);
@@ -611,7 +614,7 @@ describe('retire and forget', () => {
   });
 
   it('forget de-duplicates and sorts rollout IDs, same group order, both reply shapes', async () => {
-    const dep = await deployment([
+    const dep = await participants([
       ['env', 'environment'],
       ['policy', 'model', (op) => (op === 'forget' ? { body: { forgotten: ['a', 'b'] } } : undefined)],
       ['agent', 'agent'],
@@ -641,7 +644,7 @@ describe('discover', () => {
     const e = await fake('a_env', 'environment');
     const judge = await fake('judge', 'model', (op) => (op === 'status' ? { status: 404, body: { message: 'Not Found' } } : undefined));
     const servers = [a, b, c, judge, d, e].map(({ name, url }) => ({ name, url }));
-    const result = await discover({ servers, token: TOKEN });
+    const result = await discover({ servers, token: TOKEN, pool });
     expect(result.members.map((m) => m.name)).toEqual(['a_env', 'z_env', 'policy', 'b_agent', 'a_res']);
     expect(result.members[2]).toEqual({ name: 'policy', url: c.url, kind: 'model' });
     expect(result.skipped).toEqual(['judge']);
@@ -672,6 +675,7 @@ describe('discover', () => {
         { name: 'refused', url: refused },
       ],
       token: TOKEN,
+      pool,
       probeTimeoutMs: 300,
       retryDelayMs: 10,
     }).catch((e) => e);
@@ -696,6 +700,7 @@ describe('discover', () => {
         { name: 'slam', url: slam.url },
       ],
       token: TOKEN,
+      pool,
       retryDelayMs: 10,
     }).catch((e) => e);
     expect(err).toBeInstanceOf(CoordinationError);
@@ -707,12 +712,12 @@ describe('discover', () => {
   it('requires a policy model unless told otherwise', async () => {
     const env = await fake('env', 'environment');
     const servers = [{ name: 'env', url: env.url }];
-    const err = await discover({ servers, token: TOKEN }).catch((e) => e);
+    const err = await discover({ servers, token: TOKEN, pool }).catch((e) => e);
     expect(err).toBeInstanceOf(CoordinationError);
     expect(err.message).toBe(NO_MODEL_MESSAGE);
     expect(err.failures).toEqual({});
     expect(isTransient(err)).toBe(false);
-    const ok = await discover({ servers, token: TOKEN, requireModel: false });
+    const ok = await discover({ servers, token: TOKEN, pool, requireModel: false });
     expect(ok.members.map((m) => m.name)).toEqual(['env']);
   });
 });

@@ -21,7 +21,7 @@ import {
   type Participants,
   type PrepareResult,
 } from '../../../activities/coordination.js';
-import { closeControlPool } from '../../../activities/control-client.js';
+import { createControlPool } from '../../../activities/control-client.js';
 import { CONTROL_PREFIX, type CommitReply, type RestoreReply } from '../../../protocol/control.js';
 import { captureKey, type EpisodeId } from '../../../protocol/ids.js';
 import type { ChatMessage } from '../../../protocol/openai.js';
@@ -48,15 +48,17 @@ export const deadline = (s = 20): number => Date.now() / 1000 + s;
 // `/run` can take as long as an episode parks: no undici timeouts.
 const newPool = (): Agent => new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 64 });
 let runPool = newPool();
+let controlPool = createControlPool();
 
 /**
  * Drops every client connection of this process (data and control pools). After a crash, idle
  * keep-alive connections to the dead servers keep their ports in FIN-WAIT until closed here.
  */
 export async function dropConnections(): Promise<void> {
-  const old = runPool;
+  const old = [runPool, controlPool];
   runPool = newPool();
-  await Promise.all([old.destroy(), closeControlPool()]);
+  controlPool = createControlPool();
+  await Promise.all(old.map((p) => p.destroy()));
 }
 
 export interface HttpReply {
@@ -222,8 +224,8 @@ export async function participants(gym: Gym, opts: { exclude?: readonly string[]
   const servers = Object.entries(gym.endpoints)
     .filter(([name, e]) => e.kind !== 'inference' && !opts.exclude?.includes(name))
     .map(([name, e]) => ({ name, url: e.url }));
-  const found = await discover({ servers, token: TOKEN, probeTimeoutMs: 5_000, requireModel: true });
-  return { token: TOKEN, members: found.members };
+  const found = await discover({ servers, token: TOKEN, pool: controlPool, probeTimeoutMs: 5_000, requireModel: true });
+  return { token: TOKEN, pool: controlPool, members: found.members };
 }
 
 /**

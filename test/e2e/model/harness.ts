@@ -18,6 +18,7 @@ import {
   type Participants,
   type PrepareResult,
 } from '../../../activities/coordination.js';
+import { createControlPool } from '../../../activities/control-client.js';
 import { CONTROL_PREFIX, type CommitReply } from '../../../protocol/control.js';
 import { captureKey, type EpisodeId } from '../../../protocol/ids.js';
 import type { Task } from '../../../protocol/tasks.js';
@@ -178,13 +179,16 @@ export async function tearDown(gym: Gym | undefined): Promise<void> {
   rmSync(gym.tmp, { recursive: true, force: true });
 }
 
+/** The reserved control pool of this test process (closed by the test file's afterAll). */
+export const controlPool = createControlPool();
+
 /** The checkpoint participants; discovery requires the policy model among them. */
 export async function participants(gym: Gym): Promise<Participants> {
   const servers = Object.entries(gym.endpoints)
     .filter(([, e]) => e.kind !== 'inference')
     .map(([name, e]) => ({ name, url: e.url }));
-  const found = await discover({ servers, token: TOKEN, probeTimeoutMs: 5_000, requireModel: true });
-  return { token: TOKEN, members: found.members };
+  const found = await discover({ servers, token: TOKEN, pool: controlPool, probeTimeoutMs: 5_000, requireModel: true });
+  return { token: TOKEN, pool: controlPool, members: found.members };
 }
 
 export async function modelStatus(gym: Gym): Promise<any> {

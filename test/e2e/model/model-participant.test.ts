@@ -6,7 +6,6 @@
 // a retired attempt's waiting call is refused and leaves nothing behind.
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { forget, retire } from '../../../activities/coordination.js';
-import { closeControlPool } from '../../../activities/control-client.js';
 import { taskOf } from '../../../activities/dataset.js';
 import { captureKey } from '../../../protocol/ids.js';
 import {
@@ -14,6 +13,7 @@ import {
   captureKeysOnDisk,
   closeHttp,
   commitPrepared,
+  controlPool,
   crash,
   deadline,
   episode,
@@ -37,7 +37,7 @@ afterEach(async () => {
 });
 afterAll(async () => {
   await closeHttp();
-  await closeControlPool();
+  await controlPool.close();
 });
 
 const weatherTask = taskOf({ taskset: 'weather', city: 'SF' }, 'weather-sf');
