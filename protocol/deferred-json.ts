@@ -1,8 +1,8 @@
 // A JSON value read from a records line but not yet materialized (control-plane.md §9.6 with a
 // deferred field): the restore verified the line (digest, UTF-8, JSON, lossless model, episode,
-// scope) before handing it out; parsing it into objects waits until someone reads it. A 350 KB
-// session state costs ~1 ms to parse and survives as ~400 KB of heap: restoring a thousand of
-// them eagerly held the Gym paused for the parse and the garbage collector's copying.
+// scope) before handing it out; parsing it into objects waits until someone reads it. Large
+// session states parsed eagerly held the Gym paused for the parse and the garbage collector's
+// copying (docs/performance.md, restore of large resources sessions).
 import { jsonTextOfUtf8, parseLossless, type LosslessValue } from './lossless-json.js';
 
 export class DeferredJson {

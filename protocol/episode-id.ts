@@ -1,5 +1,5 @@
-// The zod-free core of episode identity (control-plane.md §2.2–2.3): what a records worker thread
-// needs, without loading zod there (~0.1 CPU-s per thread). protocol/ids.ts builds the schemas on it.
+// The zod-free core of episode identity (control-plane.md §2.2–2.3): what a storage worker thread
+// needs, without the cost of loading zod there. protocol/ids.ts builds the schemas on it.
 
 /** First char alphanumeric, then letters, digits, `.`, `_`, `-`. */
 export const ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;

@@ -46,8 +46,8 @@ function listWithFastPath<T>(fast: (item: unknown) => T | undefined, schema: z.Z
 
 /**
  * `z.array(EpisodeIdSchema)`, fast: a commit or restore names every episode in scope (7,600 per
- * participant at 16,000 rollouts), and zod's object parse per element cost ~65 µs in a process
- * that had not warmed it up (about 1 s of a fresh server's restore).
+ * participant), and zod's object parse per element, in a process that had not warmed it up, was
+ * a large part of a fresh server's restore (docs/performance.md).
  */
 export function episodeIdList(min = 0) {
   return listWithFastPath(decodeEpisodeId, EpisodeIdSchema, min);
@@ -70,8 +70,8 @@ export const CaptureKeySchema = z.string().refine((k) => parseCaptureKey(k) !== 
 
 /**
  * `z.array(CaptureKeySchema)`, fast: a snapshot manifest lists every committed episode per
- * participant (~32,000 keys at 8,000 in flight), and the refine per element cost ~45 ms in a
- * worker that had not warmed it up, while Gym admission is closed.
+ * participant, and the refine per element, in a worker that had not warmed it up, ran while Gym
+ * admission is closed.
  */
 export function captureKeyList() {
   return listWithFastPath((item) => (typeof item === 'string' && parseCaptureKey(item) !== undefined ? item : undefined), CaptureKeySchema);

@@ -48,8 +48,8 @@ export interface AgentSession {
 }
 
 export function newSession(init: { key: string; episode: EpisodeId | null; request: SeedRequest; grant: DirectHttpGrant | null }): AgentSession {
-  // Fields listed, not spread: a spread of `init` followed by 14 more fields cost ~8 µs per
-  // session in V8 (7,600 restored sessions: 60 ms).
+  // Fields listed, not spread: V8 builds a spread followed by more fields slowly, and a restore
+  // builds one session per record (measured: docs/performance.md, agent restore).
   return {
     key: init.key,
     episode: init.episode,

@@ -111,8 +111,8 @@ export class ResourcesParticipant implements ParticipantHooks {
     this.mode = opts.mode;
     this.verify = opts.verify;
     this.stateHooks = opts.stateHooks;
-    // The records workers start on the first restore whose file is large enough to defer, not
-    // here: two threads cost ~0.4 CPU-s to start, a waste for a server whose states stay small.
+    // The storage threads start on the first restore whose file is large enough to defer, not
+    // here: starting them costs CPU a server whose states stay small never needs to spend.
     if (this.mode === 'exported' && this.stateHooks?.deferredStates) {
       this.deferredRecordField = 'state';
       deferMinBytes(); // a bad NG_RECORDS_DEFER_MIN_BYTES fails the start, not a restore
