@@ -1,6 +1,6 @@
 import type { AddressInfo } from 'node:net';
 import type { FastifyInstance } from 'fastify';
-import { Agent, request } from 'undici';
+import { Agent } from 'undici';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
 import type { EpisodeId } from '../../protocol/ids.js';
 import type { ChatMessage } from '../../protocol/openai.js';
@@ -13,6 +13,9 @@ import { initialWeights, type PolicyWeights } from '../../servers/inference/poli
 import { buildPolicyModel, PolicyModelOptionsSchema } from '../../servers/model/module.js';
 import type { ModelParticipant } from '../../servers/model/participant.js';
 import { tempDir } from '../helpers/temp-dir.js';
+import { type HttpReply, httpJson } from '../helpers/http.js';
+
+export type Reply = HttpReply;
 
 export const TOKEN = 'model-participant-test-token';
 export const AUTH = { authorization: `Bearer ${TOKEN}` };
@@ -121,27 +124,8 @@ export async function stopModel(m: TestModel): Promise<void> {
 
 const pool = new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 64 });
 
-export interface Reply {
-  status: number;
-  body: any;
-}
-
-export async function http(method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string, string> = {}): Promise<Reply> {
-  const res = await request(url, {
-    method,
-    headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    dispatcher: pool,
-  });
-  const text = await res.body.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : undefined;
-  } catch {
-    /* keep text */
-  }
-  return { status: res.statusCode, body: parsed };
-}
+export const http = (method: 'GET' | 'POST', url: string, body?: unknown, headers?: Record<string, string>): Promise<Reply> =>
+  httpJson(pool, method, url, body, headers);
 
 /** A chat call through the model server, under `/ng-rollout/<key>` when a key is given. */
 export function chat(model: { url: string }, key: string | undefined, messages: ChatMessage[], extra: Record<string, unknown> = {}): Promise<Reply> {

@@ -6,7 +6,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Agent, request } from 'undici';
+import { Agent } from 'undici';
 import { parse as parseYaml } from 'yaml';
 import {
   commit,
@@ -31,6 +31,9 @@ import { decide, initialWeights } from '../../../servers/inference/policy.js';
 import { downDeployment, killDeployment, restartDeployment, upDeployment } from '../../../servers/launcher/launcher.js';
 import type { CallRecord } from '../../../servers/inference/call-log.js';
 import { sleep, waitFor } from '../../helpers/wait.js';
+import { type HttpReply, httpJson } from '../../helpers/http.js';
+
+export type { HttpReply };
 
 export const TOKEN = 'gym-e2e-token';
 // Every deferred-restore file goes through the records workers (the counter's are tiny), so the
@@ -61,32 +64,8 @@ export async function dropConnections(): Promise<void> {
   await Promise.all(old.map((p) => p.destroy()));
 }
 
-export interface HttpReply {
-  status: number;
-  body: any;
-}
-
-export async function http(method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string, string> = {}): Promise<HttpReply> {
-  let res;
-  try {
-    res = await request(url, {
-      method,
-      headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      dispatcher: runPool,
-    });
-  } catch (err) {
-    throw new Error(`${method} ${url}: ${(err as Error).message}`, { cause: err });
-  }
-  const text = await res.body.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : undefined;
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.statusCode, body: parsed };
-}
+export const http = (method: 'GET' | 'POST', url: string, body?: unknown, headers?: Record<string, string>): Promise<HttpReply> =>
+  httpJson(runPool, method, url, body, headers);
 
 // --- the inference backend -------------------------------------------------------------------
 

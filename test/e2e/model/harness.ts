@@ -6,7 +6,7 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Agent, request } from 'undici';
+import { Agent } from 'undici';
 import {
   commit,
   continuedScope,
@@ -29,6 +29,9 @@ import { ledgerPath } from '../../../servers/model/capture-ledger.js';
 import { tokensDir } from '../../../servers/model/token-store.js';
 import type { CallRecord } from '../../../servers/inference/call-log.js';
 import { sleep, waitFor } from '../../helpers/wait.js';
+import { type HttpReply, httpJson } from '../../helpers/http.js';
+
+export type { HttpReply };
 
 export const TOKEN = 'model-e2e-token';
 const ENV = { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' };
@@ -40,27 +43,8 @@ export const episode = (rollout_id: string, attempt = 0): EpisodeId => ({ rollou
 
 const pool = new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: 64 });
 
-export interface HttpReply {
-  status: number;
-  body: any;
-}
-
-export async function http(method: 'GET' | 'POST', url: string, body?: unknown, headers: Record<string, string> = {}): Promise<HttpReply> {
-  const res = await request(url, {
-    method,
-    headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
-    body: body === undefined ? undefined : JSON.stringify(body),
-    dispatcher: pool,
-  });
-  const text = await res.body.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : undefined;
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.statusCode, body: parsed };
-}
+export const http = (method: 'GET' | 'POST', url: string, body?: unknown, headers?: Record<string, string>): Promise<HttpReply> =>
+  httpJson(pool, method, url, body, headers);
 
 export async function closeHttp(): Promise<void> {
   await pool.close();
