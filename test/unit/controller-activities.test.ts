@@ -5,9 +5,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { ApplicationFailure, CancelledFailure } from '@temporalio/common';
-import { MockActivityEnvironment } from '@temporalio/testing';
-import { DefaultLogger } from '@temporalio/worker';
+import { CancelledFailure } from '@temporalio/common';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { topologyFingerprint } from '../../activities/gym.js';
@@ -26,6 +24,7 @@ import {
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 import { tempDir } from '../helpers/temp-dir.js';
+import { failureOf, mockEnv, runActivity } from '../helpers/activity.js';
 
 const TOKEN = 'activities-test-token';
 const pools = createActivityPools();
@@ -53,26 +52,6 @@ afterEach(async () => {
 afterAll(async () => {
   await closeActivityPools(pools);
 });
-
-/** A fresh mock activity context (cancel() is per context); failures are expected here, keep it quiet. */
-function mockEnv(): MockActivityEnvironment {
-  return new MockActivityEnvironment(undefined, { logger: new DefaultLogger('ERROR') });
-}
-
-async function run<A, R>(fn: (a: A) => Promise<R>, arg: A): Promise<R> {
-  return mockEnv().run(fn, arg);
-}
-
-async function failureOf(p: Promise<unknown>): Promise<ApplicationFailure> {
-  const err = await p.then(
-    () => {
-      throw new Error('expected a failure');
-    },
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(ApplicationFailure);
-  return err as ApplicationFailure;
-}
 
 async function memory(name: string, kind: Kind): Promise<{ url: string; participant: MemoryParticipant }> {
   const { app, participant } = await buildMemoryServer({ instance: name, kind, token: TOKEN });
@@ -104,7 +83,7 @@ async function gym(): Promise<{ topology: GymTopology; env: MemoryParticipant; r
       llm: { kind: 'inference', url: await refusedUrl() },
     }),
   );
-  const topology = await run(acts.discoverGym, { runDir });
+  const topology = await runActivity(acts.discoverGym, { runDir });
   return { topology, env: env.participant, res: res.participant };
 }
 
@@ -123,11 +102,11 @@ describe('discoverGym', () => {
 
   it('fails for good without a model when one is required, and retryably on a missing endpoints file', async () => {
     const { topology } = await gym();
-    const f = await failureOf(run(acts.discoverGym, { runDir: path.join(tmp, 'run'), requireModel: true }));
+    const f = await failureOf(runActivity(acts.discoverGym, { runDir: path.join(tmp, 'run'), requireModel: true }));
     expect(f.type).toBe('invariant_error');
     expect(f.nonRetryable).toBe(true);
     expect(f.message).toMatch(/no policy model/);
-    const g = await failureOf(run(acts.discoverGym, { runDir: path.join(tmp, 'nowhere') }));
+    const g = await failureOf(runActivity(acts.discoverGym, { runDir: path.join(tmp, 'nowhere') }));
     expect(g.type).toBe('storage_error');
     expect(g.nonRetryable).toBe(false);
     expect(topology.members).toHaveLength(2);
@@ -141,14 +120,14 @@ describe('Gym coordination activities', () => {
     env.upsert('r2', { atBoundary: true, payload: { turn: 2 } });
     res.upsert('r1', { atBoundary: true, payload: { rev: 1 } });
 
-    const notReady = await run(acts.gymPrepare, { topology, checkpointId: 'ckpt-a', timeoutS: 0.3 });
+    const notReady = await runActivity(acts.gymPrepare, { topology, checkpointId: 'ckpt-a', timeoutS: 0.3 });
     expect(notReady.prepared).toBe(false);
     expect(notReady.blockers).toEqual({ env_main: ['r1'] });
-    await run(acts.gymResume, { topology, checkpointId: 'ckpt-a', timeoutS: 10 });
+    await runActivity(acts.gymResume, { topology, checkpointId: 'ckpt-a', timeoutS: 10 });
 
     env.upsert('r1', { atBoundary: true });
     env.upsert('r3', { restart: true });
-    const prep = await run(acts.gymPrepare, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
+    const prep = await runActivity(acts.gymPrepare, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
     expect(prep).toMatchObject({ checkpointId: 'ckpt-b', prepared: true, restarts: ['r3'], blockers: {} });
     expect(prep.seconds).toBeGreaterThanOrEqual(0);
 
@@ -157,7 +136,7 @@ describe('Gym coordination activities', () => {
       { rollout_id: 'r1', attempt: 0 },
       { rollout_id: 'r2', attempt: 0 },
     ];
-    const committed = await run(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope });
+    const committed = await runActivity(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope });
     // Both scope episodes were committed by the environment; the episode lists stay on disk.
     expect(committed.uncommitted).toEqual([]);
     expect(Object.keys(committed.participants).sort()).toEqual(['env_main', 'res_main']);
@@ -169,7 +148,7 @@ describe('Gym coordination activities', () => {
     expect(commitFile.participants.res_main!.episode_ids).toEqual(['r1']);
     expect(commitFile.participants.env_main!.episode_ids).toEqual(['r1', 'r2']);
 
-    const renewed = await run(acts.gymRenew, { topology, checkpointId: 'ckpt-b', timeoutS: 60 });
+    const renewed = await runActivity(acts.gymRenew, { topology, checkpointId: 'ckpt-b', timeoutS: 60 });
     expect(Object.keys(renewed.leases).sort()).toEqual(['env_main', 'res_main']);
 
     // The commit result, completed from the commit file, is what the snapshot manifest records;
@@ -198,26 +177,32 @@ describe('Gym coordination activities', () => {
 
     // A commit of the same ID with another scope is refused: non-retryable, typed by its code.
     const conflict = await failureOf(
-      run(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope: scope.slice(0, 1) }),
+      runActivity(acts.gymCommit, { topology, checkpointId: 'ckpt-b', timeoutS: 10, checkpointDir: loc.tmpDir, scope: scope.slice(0, 1) }),
     );
     expect(conflict.type).toBe('checkpoint_conflict');
     expect(conflict.nonRetryable).toBe(true);
     expect(Object.keys((conflict.details![0] as { failures: Record<string, string> }).failures).sort()).toEqual(['env_main', 'res_main']);
 
-    const resumed = await run(acts.gymResume, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
+    const resumed = await runActivity(acts.gymResume, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
     expect(resumed.idempotent).toEqual([]);
     expect(env.plane.currentPhase).toBe('idle');
-    const again = await run(acts.gymResume, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
+    const again = await runActivity(acts.gymResume, { topology, checkpointId: 'ckpt-b', timeoutS: 10 });
     expect(again.idempotent).toEqual(['env_main', 'res_main']);
   });
 
   it('a scope naming a restart is refused as restart_in_scope', async () => {
     const { topology, env } = await gym();
     env.upsert('r1', { atBoundary: true, restart: true });
-    const prep = await run(acts.gymPrepare, { topology, checkpointId: 'ckpt-r', timeoutS: 10 });
+    const prep = await runActivity(acts.gymPrepare, { topology, checkpointId: 'ckpt-r', timeoutS: 10 });
     expect(prep.restarts).toEqual(['r1']);
     const f = await failureOf(
-      run(acts.gymCommit, { topology, checkpointId: 'ckpt-r', timeoutS: 10, checkpointDir: path.join(tmp, 'c'), scope: [{ rollout_id: 'r1', attempt: 0 }] }),
+      runActivity(acts.gymCommit, {
+        topology,
+        checkpointId: 'ckpt-r',
+        timeoutS: 10,
+        checkpointDir: path.join(tmp, 'c'),
+        scope: [{ rollout_id: 'r1', attempt: 0 }],
+      }),
     );
     expect(f.type).toBe('restart_in_scope');
     expect(f.nonRetryable).toBe(true);
@@ -226,7 +211,7 @@ describe('Gym coordination activities', () => {
   it('a wrong token is refused for good (unauthorized)', async () => {
     const { topology } = await gym();
     const other = createActivities({ controlToken: 'wrong-token', pools, log: () => {} });
-    const f = await failureOf(run(other.gymPrepare, { topology, checkpointId: 'ckpt-x', timeoutS: 5 }));
+    const f = await failureOf(runActivity(other.gymPrepare, { topology, checkpointId: 'ckpt-x', timeoutS: 5 }));
     expect(f.type).toBe('unauthorized');
     expect(f.nonRetryable).toBe(true);
   });
@@ -235,15 +220,15 @@ describe('Gym coordination activities', () => {
     const { topology } = await gym();
     const dead = { name: 'res_dead', kind: 'resources' as const, url: await refusedUrl() };
     const withDead: GymTopology = { ...topology, members: [...topology.members, dead] };
-    const f = await failureOf(run(acts.gymPrepare, { topology: withDead, checkpointId: 'ckpt-d', timeoutS: 5 }));
+    const f = await failureOf(runActivity(acts.gymPrepare, { topology: withDead, checkpointId: 'ckpt-d', timeoutS: 5 }));
     expect(f.type).toBe('gym_transient');
     expect(f.nonRetryable).toBe(false);
     const details = f.details![0] as { operation: string; failures: Record<string, string> };
     expect(details.operation).toBe('prepare');
     expect(Object.keys(details.failures)).toEqual(['res_dead']);
-    await run(acts.gymResume, { topology, checkpointId: 'ckpt-d', timeoutS: 10 });
+    await runActivity(acts.gymResume, { topology, checkpointId: 'ckpt-d', timeoutS: 10 });
 
-    const g = await failureOf(run(acts.gymRetire, { topology: withDead, timeoutS: 5, episodes: [{ rollout_id: 'r9', attempt: 0 }] }));
+    const g = await failureOf(runActivity(acts.gymRetire, { topology: withDead, timeoutS: 5, episodes: [{ rollout_id: 'r9', attempt: 0 }] }));
     expect(g.type).toBe('gym_transient');
   });
 
@@ -251,20 +236,20 @@ describe('Gym coordination activities', () => {
     const { topology, env, res } = await gym();
     env.upsert('r1', { atBoundary: true });
     res.upsert('r1', { atBoundary: true });
-    const retired = await run(acts.gymRetire, { topology, timeoutS: 10, episodes: [{ rollout_id: 'r1', attempt: 0 }] });
+    const retired = await runActivity(acts.gymRetire, { topology, timeoutS: 10, episodes: [{ rollout_id: 'r1', attempt: 0 }] });
     expect(Object.keys(retired.retired).sort()).toEqual(['env_main', 'res_main']);
     expect(env.episodes.size).toBe(0);
-    const forgotten = await run(acts.gymForget, { topology, timeoutS: 10, rolloutIds: ['r1', 'r1'] });
+    const forgotten = await runActivity(acts.gymForget, { topology, timeoutS: 10, rolloutIds: ['r1', 'r1'] });
     expect(Object.keys(forgotten.forgotten).sort()).toEqual(['env_main', 'res_main']);
-    expect(await run(acts.gymForget, { topology, timeoutS: 10, rolloutIds: [] })).toMatchObject({ forgotten: {} });
+    expect(await runActivity(acts.gymForget, { topology, timeoutS: 10, rolloutIds: [] })).toMatchObject({ forgotten: {} });
   });
 
   it('restore installs the replacements into fresh participants', async () => {
     const first = await gym();
     first.env.upsert('r1', { atBoundary: true, payload: 'p1' });
-    await run(acts.gymPrepare, { topology: first.topology, checkpointId: 'ckpt-s', timeoutS: 10 });
+    await runActivity(acts.gymPrepare, { topology: first.topology, checkpointId: 'ckpt-s', timeoutS: 10 });
     const dir = path.join(tmp, 'snap');
-    await run(acts.gymCommit, {
+    await runActivity(acts.gymCommit, {
       topology: first.topology,
       checkpointId: 'ckpt-s',
       timeoutS: 10,
@@ -276,7 +261,7 @@ describe('Gym coordination activities', () => {
     await fsp.rm(path.join(tmp, 'run'), { recursive: true });
     const second = await gym();
     expect(second.topology.fingerprint).toBe(first.topology.fingerprint);
-    const restored = await run(acts.gymRestore, {
+    const restored = await runActivity(acts.gymRestore, {
       topology: second.topology,
       restoreId: 'restore-1',
       timeoutS: 10,
@@ -286,7 +271,7 @@ describe('Gym coordination activities', () => {
     });
     expect(restored.restored).toEqual({ env_main: ['r1-a1'], res_main: [] });
     expect(second.env.episodes.get('r1-a1')?.payload).toBe('p1');
-    await run(acts.gymResume, { topology: second.topology, checkpointId: 'restore-1', timeoutS: 10 });
+    await runActivity(acts.gymResume, { topology: second.topology, checkpointId: 'restore-1', timeoutS: 10 });
   });
 });
 
@@ -383,7 +368,7 @@ describe('runEpisode', () => {
 
   it('maps a handled failure to failed, terminal as reported', async () => {
     const fake = await fakeEnvironment();
-    const report = await run(acts.runEpisode, input(fake.url, 'fail'));
+    const report = await runActivity(acts.runEpisode, input(fake.url, 'fail'));
     expect(report).toMatchObject({
       captureKey: 'fail',
       status: 'failed',
@@ -396,25 +381,25 @@ describe('runEpisode', () => {
 
   it('stale_attempt is non-retryable; admission_closed is retryable after a short delay', async () => {
     const fake = await fakeEnvironment();
-    const stale = await failureOf(run(acts.runEpisode, input(fake.url, 'stale')));
+    const stale = await failureOf(runActivity(acts.runEpisode, input(fake.url, 'stale')));
     expect(stale.type).toBe('stale_attempt');
     expect(stale.nonRetryable).toBe(true);
-    const closed = await failureOf(run(acts.runEpisode, input(fake.url, 'closed')));
+    const closed = await failureOf(runActivity(acts.runEpisode, input(fake.url, 'closed')));
     expect(closed.type).toBe('gym_transient');
     expect(closed.nonRetryable).toBe(false);
     expect(closed.nextRetryDelay).toBeDefined();
-    const bad = await failureOf(run(acts.runEpisode, input(fake.url, 'bad')));
+    const bad = await failureOf(runActivity(acts.runEpisode, input(fake.url, 'bad')));
     expect(bad.type).toBe('invalid_request');
     expect(bad.nonRetryable).toBe(true);
   });
 
   it('5xx and transport errors are retryable gym_transient', async () => {
     const fake = await fakeEnvironment();
-    const boom = await failureOf(run(acts.runEpisode, input(fake.url, 'boom')));
+    const boom = await failureOf(runActivity(acts.runEpisode, input(fake.url, 'boom')));
     expect(boom.type).toBe('gym_transient');
     expect(boom.nonRetryable).toBe(false);
     expect(boom.message).toMatch(/HTTP 503/);
-    const dead = await failureOf(run(acts.runEpisode, input(await refusedUrl(), 'ok')));
+    const dead = await failureOf(runActivity(acts.runEpisode, input(await refusedUrl(), 'ok')));
     expect(dead.type).toBe('gym_transient');
     expect(dead.nonRetryable).toBe(false);
   });
@@ -448,8 +433,8 @@ describe('appendCheckpointMetrics', () => {
       seconds: { prepare: 0.1, total: 1 },
       at: '2026-01-01T00:00:00.000Z',
     });
-    await run(acts.appendCheckpointMetrics, { checkpointDir, outcome: outcome('a') });
-    await run(acts.appendCheckpointMetrics, { checkpointDir, outcome: outcome('b') });
+    await runActivity(acts.appendCheckpointMetrics, { checkpointDir, outcome: outcome('a') });
+    await runActivity(acts.appendCheckpointMetrics, { checkpointDir, outcome: outcome('b') });
     const lines = (await fsp.readFile(path.join(checkpointDir, 'checkpoint_metrics.jsonl'), 'utf8')).split('\n');
     expect(lines).toHaveLength(3);
     expect(lines[2]).toBe('');
@@ -459,7 +444,7 @@ describe('appendCheckpointMetrics', () => {
 
 describe('loadPromptGroups', () => {
   it('returns the groups with their sibling tasks and the next cursor', async () => {
-    const batch = await run(acts.loadPromptGroups, { seed: 3, cursor: 2, groups: 3, groupSize: 2, tasksets: ['genrm', 'counter'] });
+    const batch = await runActivity(acts.loadPromptGroups, { seed: 3, cursor: 2, groups: 3, groupSize: 2, tasksets: ['genrm', 'counter'] });
     expect(batch.cursor).toBe(5);
     expect(batch.groups.map((g) => [g.group_id, g.prompt_index, g.taskset, g.tasks.length])).toEqual([
       ['s3-p2', 2, 'genrm', 2],
@@ -472,11 +457,11 @@ describe('loadPromptGroups', () => {
     expect(genrm.tasks[1]!.task_input.task_data).toMatchObject({ _ng_group_id: 's3-p2', _ng_group_attempt: 0 });
     expect(batch.groups[1]!.tasks[0]!.task_input.task_data).not.toHaveProperty('_ng_group_id');
     // Deterministic: the same cursor gives the same batch.
-    expect(await run(acts.loadPromptGroups, { seed: 3, cursor: 2, groups: 3, groupSize: 2, tasksets: ['genrm', 'counter'] })).toEqual(batch);
+    expect(await runActivity(acts.loadPromptGroups, { seed: 3, cursor: 2, groups: 3, groupSize: 2, tasksets: ['genrm', 'counter'] })).toEqual(batch);
   });
 
   it('refuses impossible arguments for good', async () => {
-    const f = await failureOf(run(acts.loadPromptGroups, { seed: 1, cursor: -1, groups: 1, groupSize: 1 }));
+    const f = await failureOf(runActivity(acts.loadPromptGroups, { seed: 1, cursor: -1, groups: 1, groupSize: 1 }));
     expect(f.type).toBe('invariant_error');
   });
 });

@@ -2,7 +2,7 @@
 // allocation, atomic idempotent publication, retention, validation and restore selection.
 import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { ApplicationFailure } from '@temporalio/common';
+import type { ApplicationFailure } from '@temporalio/common';
 import { beforeEach, describe, expect, it } from 'vitest';
 import {
   allocateSnapshot,
@@ -29,6 +29,7 @@ import {
 import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage/index.js';
 import { tempDir } from '../helpers/temp-dir.js';
+import { failureOf } from '../helpers/activity.js';
 
 let dir: string;
 
@@ -42,14 +43,7 @@ const FINGERPRINT = topologyFingerprint([
 ]);
 
 async function expectFailure(p: Promise<unknown>, type: string, pattern?: RegExp): Promise<ApplicationFailure> {
-  const err = await p.then(
-    () => {
-      throw new Error('expected a failure');
-    },
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(ApplicationFailure);
-  const f = err as ApplicationFailure;
+  const f = await failureOf(p);
   expect(f.type).toBe(type);
   if (pattern) expect(f.message).toMatch(pattern);
   return f;

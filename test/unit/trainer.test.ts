@@ -7,9 +7,6 @@ import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { ApplicationFailure } from '@temporalio/common';
-import { MockActivityEnvironment } from '@temporalio/testing';
-import { DefaultLogger } from '@temporalio/worker';
 import type { FastifyInstance } from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { canonicalJson } from '../../protocol/canonical-json.js';
@@ -33,6 +30,7 @@ import { genrmAnswerOf } from '../../servers/inference/answers.js';
 import { DEFAULT_MAX_STEPS, expectedReward, genrmScore } from '../../servers/inference/evaluate.js';
 import { COUNTER_TOOL, WEATHER_TOOL, initialWeights, type PolicyWeights } from '../../servers/inference/policy.js';
 import { tempDir } from '../helpers/temp-dir.js';
+import { failureOf, mockEnv, runActivity } from '../helpers/activity.js';
 
 const RUN = 'run1';
 const FINGERPRINT = 'a'.repeat(64);
@@ -58,25 +56,6 @@ beforeEach(async () => {
 afterEach(async () => {
   await app.close();
 });
-
-function mockEnv(): MockActivityEnvironment {
-  return new MockActivityEnvironment(undefined, { logger: new DefaultLogger('ERROR') });
-}
-
-async function run<A, R>(fn: (a: A) => Promise<R>, arg: A): Promise<R> {
-  return mockEnv().run(fn, arg);
-}
-
-async function failureOf(p: Promise<unknown>): Promise<ApplicationFailure> {
-  const err = await p.then(
-    () => {
-      throw new Error('expected a failure');
-    },
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(ApplicationFailure);
-  return err as ApplicationFailure;
-}
 
 async function served(): Promise<PolicyWeights> {
   const res = await app.inject({ method: 'GET', url: '/_ctl/policy' });
@@ -187,7 +166,7 @@ describe('trainStep', () => {
     const curve = [meanExpected(await served())];
     const rewards: number[] = [];
     for (let step = 1; step <= 10; step++) {
-      const r = await run(acts.trainStep, stepInput(step, await collect(step)));
+      const r = await runActivity(acts.trainStep, stepInput(step, await collect(step)));
       rewards.push(r.meanReward);
       const w = await served();
       expect(w.version).toBe(step);
@@ -201,18 +180,18 @@ describe('trainStep', () => {
   it('a retried step returns the same result and refits again; another batch for the same version is refused', async () => {
     const batch = await collect(1);
     const input = stepInput(1, batch);
-    const first = await run(acts.trainStep, input);
+    const first = await runActivity(acts.trainStep, input);
     const logits = (await served()).logits;
     // The backend lost the refit (restart): the retry puts it back.
     await app.inject({ method: 'POST', url: '/_ctl/policy', payload: initialWeights() });
-    const again = await run(acts.trainStep, structuredClone(input));
+    const again = await runActivity(acts.trainStep, structuredClone(input));
     expect(again).toEqual(first);
     expect(await served()).toEqual({ version: 1, logits });
     expect(peekTrainerState(RUN, states)!.optimizer.t).toBe(1);
 
     const other = structuredClone(batch);
     other[0]!.siblings[0]!.reward = 0.123;
-    const f = await failureOf(run(acts.trainStep, stepInput(1, other)));
+    const f = await failureOf(runActivity(acts.trainStep, stepInput(1, other)));
     expect(f.type).toBe('trainer_ahead');
     expect(f.nonRetryable).toBe(true);
     expect(f.details?.[0]).toMatchObject({ have: 1, step: 1, expected: 0 });
@@ -220,7 +199,7 @@ describe('trainStep', () => {
 
   it('a fresh trainer starts from the initial weights at version 0 and refits the backend to them', async () => {
     await app.inject({ method: 'POST', url: '/_ctl/policy', payload: { version: 7, logits: {} } });
-    const f = await failureOf(run(acts.trainStep, stepInput(4, [])));
+    const f = await failureOf(runActivity(acts.trainStep, stepInput(4, [])));
     expect(f.type).toBe('trainer_behind');
     expect(f.nonRetryable).toBe(true);
     expect(f.details?.[0]).toEqual({ have: 0, step: 0 });
@@ -232,18 +211,18 @@ describe('trainStep', () => {
     await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
     const port = (srv.address() as net.AddressInfo).port;
     await new Promise<void>((r) => srv.close(() => r()));
-    const f = await failureOf(run(acts.trainStep, stepInput(1, [], { backendUrl: `http://127.0.0.1:${port}` })));
+    const f = await failureOf(runActivity(acts.trainStep, stepInput(1, [], { backendUrl: `http://127.0.0.1:${port}` })));
     expect(f.type).toBe('backend_unavailable');
     expect(f.nonRetryable).toBe(false);
     expect(peekTrainerState(RUN, states)).toBeUndefined();
   });
 
   it('rejects malformed input for good', async () => {
-    const f = await failureOf(run(acts.trainStep, { ...stepInput(1, []), expectedVersion: -1 }));
+    const f = await failureOf(runActivity(acts.trainStep, { ...stepInput(1, []), expectedVersion: -1 }));
     expect(f.type).toBe('invariant_error');
     expect(f.nonRetryable).toBe(true);
     const g = await failureOf(
-      run(acts.trainStep, stepInput(1, [{ group_id: 'g', siblings: [{ rollout_id: 'r', reward: 1, mask: false, captureKeys: ['bad key'] }] }])),
+      runActivity(acts.trainStep, stepInput(1, [{ group_id: 'g', siblings: [{ rollout_id: 'r', reward: 1, mask: false, captureKeys: ['bad key'] }] }])),
     );
     expect(g.type).toBe('invariant_error');
   });
@@ -254,10 +233,10 @@ describe('trainStep', () => {
 describe('trainer anchors', () => {
   it('round-trip: save, fallback marker, latest, drop, restore (refit), and the run continues identically', async () => {
     const b1 = await collect(1);
-    await run(acts.trainStep, stepInput(1, b1));
+    await runActivity(acts.trainStep, stepInput(1, b1));
     const b2 = await collect(2);
-    await run(acts.trainStep, stepInput(2, b2));
-    const saved = await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 });
+    await runActivity(acts.trainStep, stepInput(2, b2));
+    const saved = await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 });
     expect(saved).toMatchObject({ anchor: 'step_2', path: path.join(ckpt, 'step_2', TRAINER_FILE), version: 2 });
 
     const file = JSON.parse(await fsp.readFile(saved.path, 'utf8')) as Record<string, unknown>;
@@ -268,7 +247,7 @@ describe('trainer anchors', () => {
     expect((await fsp.readdir(path.join(ckpt, 'step_2'))).filter((n) => n.startsWith('.'))).toEqual([]);
 
     // The run sends its ledger packed; the marker holds it plain.
-    const marker = await run(acts.writeGymRestartFallback, {
+    const marker = await runActivity(acts.writeGymRestartFallback, {
       checkpointDir: ckpt,
       step: 2,
       trainerVersion: 2,
@@ -284,7 +263,7 @@ describe('trainer anchors', () => {
       trainer_version: 2,
     });
     // Read back packed: the plain ledger of thousands in flight would be over a payload's limit.
-    const read = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
+    const read = await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
     expect({ ...read, ledger: unpacked(read!.ledger) }).toEqual({
       schema_version: 2,
       base_train_step: 2,
@@ -293,28 +272,34 @@ describe('trainer anchors', () => {
       ledger: { run: 'r' },
     });
     expect(isPackedJson(read!.ledger)).toBe(true);
-    expect(await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' })).toBeNull();
+    expect(await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' })).toBeNull();
 
     // The run saves anchor and marker in one call; a retry after the anchor is durable (the
     // trainer has moved on) still writes a marker that is missing.
     await fsp.rm(marker.path);
     const fallback = { topologyFingerprint: FINGERPRINT, ledger: packJson({ run: 'r2' }) };
-    expect(await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: fallback })).toEqual(saved);
-    const reread = await run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
+    expect(await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: fallback })).toEqual(saved);
+    const reread = await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
     expect(reread).toMatchObject({ trainer_version: 2 });
     expect(unpacked(reread!.ledger)).toEqual({ run: 'r2' });
     const badFingerprint = await failureOf(
-      run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: { ...fallback, topologyFingerprint: '' } }),
+      runActivity(acts.saveTrainerCheckpoint, {
+        run: RUN,
+        checkpointDir: ckpt,
+        step: 2,
+        cursor: 8,
+        gymRestartFallback: { ...fallback, topologyFingerprint: '' },
+      }),
     );
     expect(badFingerprint.type).toBe('invariant_error');
 
-    expect(await run(acts.latestTrainerAnchor, { checkpointDir: ckpt })).toEqual({ anchor: 'step_2', step: 2, version: 2, cursor: 8, skipped: [] });
+    expect(await runActivity(acts.latestTrainerAnchor, { checkpointDir: ckpt })).toEqual({ anchor: 'step_2', step: 2, version: 2, cursor: 8, skipped: [] });
 
     const before = peekTrainerState(RUN, states)!;
     const b3 = await collect(3);
-    expect(await run(acts.dropTrainerState, { run: RUN })).toEqual({ dropped: true });
+    expect(await runActivity(acts.dropTrainerState, { run: RUN })).toEqual({ dropped: true });
     await app.inject({ method: 'POST', url: '/_ctl/policy', payload: initialWeights() });
-    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url })).toEqual({
+    expect(await runActivity(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url })).toEqual({
       version: 2,
       step: 2,
       cursor: 8,
@@ -327,15 +312,15 @@ describe('trainer anchors', () => {
     expect(await served()).toEqual({ version: 2, logits: before.logits });
 
     // Step 3 from the restored trainer equals step 3 from one that never crashed.
-    const r3 = await run(acts.trainStep, stepInput(3, b3));
+    const r3 = await runActivity(acts.trainStep, stepInput(3, b3));
     const twin = new Map<string, TrainerState>([[RUN, { ...before, last: undefined }]]);
     const other = createTrainerActivities({ states: twin, log: () => {} });
-    const t3 = await run(other.trainStep, stepInput(3, b3));
+    const t3 = await runActivity(other.trainStep, stepInput(3, b3));
     expect({ ...r3, seconds: 0 }).toEqual({ ...t3, seconds: 0 });
     expect(peekTrainerState(RUN, states)!.logits).toEqual(twin.get(RUN)!.logits);
 
     // Restoring the bootstrap anchor goes back to the initial weights.
-    expect(await run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'bootstrap' })).toMatchObject({
+    expect(await runActivity(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'bootstrap' })).toMatchObject({
       version: 0,
       step: 0,
       anchor: 'bootstrap',
@@ -345,35 +330,35 @@ describe('trainer anchors', () => {
 
   it('trainer_behind after a lost trainer when the newest anchor is older; re-sent batches reproduce the lost steps', async () => {
     const batches = [await collect(1)];
-    await run(acts.trainStep, stepInput(1, batches[0]!));
-    await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
+    await runActivity(acts.trainStep, stepInput(1, batches[0]!));
+    await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
     batches.push(await collect(2));
-    await run(acts.trainStep, stepInput(2, batches[1]!));
+    await runActivity(acts.trainStep, stepInput(2, batches[1]!));
     const lost = peekTrainerState(RUN, states)!;
     batches.push(await collect(3));
 
-    await run(acts.dropTrainerState, { run: RUN });
-    const f = await failureOf(run(acts.trainStep, stepInput(3, batches[2]!)));
+    await runActivity(acts.dropTrainerState, { run: RUN });
+    const f = await failureOf(runActivity(acts.trainStep, stepInput(3, batches[2]!)));
     expect(f.type).toBe('trainer_behind');
     expect(f.nonRetryable).toBe(true);
     expect(f.details?.[0]).toEqual({ have: 1, step: 1 });
     expect((await served()).version).toBe(1); // the fresh trainer refitted the anchor's weights
 
     // The workflow re-sends the batches after the anchor.
-    const r2 = await run(acts.trainStep, stepInput(2, batches[1]!));
+    const r2 = await runActivity(acts.trainStep, stepInput(2, batches[1]!));
     expect(r2.version).toBe(2);
     const again = peekTrainerState(RUN, states)!;
     expect(again.logits).toEqual(lost.logits);
     expect(again.optimizer).toEqual(lost.optimizer);
-    expect((await run(acts.trainStep, stepInput(3, batches[2]!))).version).toBe(3);
+    expect((await runActivity(acts.trainStep, stepInput(3, batches[2]!))).version).toBe(3);
     expect((await served()).version).toBe(3);
   });
 
   it('skips corrupt anchors (reported), ignores step dirs without trainer.json, refuses a named corrupt one', async () => {
-    await run(acts.trainStep, stepInput(1, await collect(1)));
-    await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
-    await run(acts.trainStep, stepInput(2, await collect(2)));
-    const s2 = await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 });
+    await runActivity(acts.trainStep, stepInput(1, await collect(1)));
+    await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
+    await runActivity(acts.trainStep, stepInput(2, await collect(2)));
+    const s2 = await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 });
     // step_2: a logit changed behind the digest's back; step_3: a torn write; step_5: snapshots only (no anchor).
     const doc = JSON.parse(await fsp.readFile(s2.path, 'utf8')) as { logits: Record<string, Record<string, number>> };
     doc.logits.genrm!.answer_a = 9;
@@ -382,64 +367,64 @@ describe('trainer anchors', () => {
     await fsp.writeFile(path.join(ckpt, 'step_3', TRAINER_FILE), '{"schema_version": 1, "ru');
     await fsp.mkdir(path.join(ckpt, 'step_5', 'rollout_snapshots'), { recursive: true });
 
-    const latest = await run(acts.latestTrainerAnchor, { checkpointDir: ckpt, run: RUN });
+    const latest = await runActivity(acts.latestTrainerAnchor, { checkpointDir: ckpt, run: RUN });
     expect(latest).toMatchObject({ anchor: 'step_1', step: 1, version: 1, cursor: 4 });
     expect(latest!.skipped.map((s) => s.anchor)).toEqual(['step_3', 'step_2']);
     expect(latest!.skipped[0]!.reason).toMatch(/not JSON/);
     expect(latest!.skipped[1]!.reason).toMatch(/sha256/);
     expect(logs.some((l) => l.message === 'corrupt trainer anchors skipped')).toBe(true);
 
-    await run(acts.dropTrainerState, { run: RUN });
-    const f = await failureOf(run(acts.trainStep, stepInput(3, await collect(3))));
+    await runActivity(acts.dropTrainerState, { run: RUN });
+    const f = await failureOf(runActivity(acts.trainStep, stepInput(3, await collect(3))));
     expect(f.type).toBe('trainer_behind');
     expect(f.details?.[0]).toEqual({ have: 1, step: 1 });
 
-    const named = await failureOf(run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'step_2' }));
+    const named = await failureOf(runActivity(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'step_2' }));
     expect(named.type).toBe('invariant_error');
     expect(named.nonRetryable).toBe(true);
     expect(named.message).toMatch(/sha256/);
-    const missing = await failureOf(run(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'step_5' }));
+    const missing = await failureOf(runActivity(acts.restoreTrainer, { run: RUN, checkpointDir: ckpt, backendUrl: url, anchor: 'step_5' }));
     expect(missing.message).toMatch(/no trainer\.json/);
   });
 
   it('an anchor of another run is skipped', async () => {
-    await run(acts.trainStep, stepInput(1, await collect(1)));
-    await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
-    const latest = await run(acts.latestTrainerAnchor, { checkpointDir: ckpt, run: 'someone-else' });
+    await runActivity(acts.trainStep, stepInput(1, await collect(1)));
+    await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
+    const latest = await runActivity(acts.latestTrainerAnchor, { checkpointDir: ckpt, run: 'someone-else' });
     expect(latest).toBeNull();
     expect(logs.at(-1)!.fields.skipped).toEqual([{ anchor: 'step_1', reason: expect.stringMatching(/belongs to run 'run1'/) as unknown }]);
   });
 
   it('saving is idempotent for a step already anchored, and refuses a step the trainer moved past', async () => {
-    await run(acts.trainStep, stepInput(1, await collect(1)));
-    const s1 = await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
-    await run(acts.trainStep, stepInput(2, await collect(2)));
-    expect(await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 })).toEqual(s1);
-    const moved = await failureOf(run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 5 }));
+    await runActivity(acts.trainStep, stepInput(1, await collect(1)));
+    const s1 = await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
+    await runActivity(acts.trainStep, stepInput(2, await collect(2)));
+    expect(await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 })).toEqual(s1);
+    const moved = await failureOf(runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 5 }));
     expect(moved.type).toBe('trainer_state_changed');
     expect(moved.nonRetryable).toBe(true);
-    const ahead = await failureOf(run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 3, cursor: 12 }));
+    const ahead = await failureOf(runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 3, cursor: 12 }));
     expect(ahead.type).toBe('trainer_behind');
     // A lost trainer cannot save either; it reports what a fresh one would load.
-    await run(acts.dropTrainerState, { run: RUN });
-    const lost = await failureOf(run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 }));
+    await runActivity(acts.dropTrainerState, { run: RUN });
+    const lost = await failureOf(runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8 }));
     expect(lost.type).toBe('trainer_behind');
     expect(lost.details?.[0]).toEqual({ have: 1, step: 1 });
   });
 
   it('the fallback marker needs the durable anchor of the same version first', async () => {
     const none = await failureOf(
-      run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
+      runActivity(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 1, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
     );
     expect(none.type).toBe('invariant_error');
-    await run(acts.trainStep, stepInput(1, await collect(1)));
-    await run(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
+    await runActivity(acts.trainStep, stepInput(1, await collect(1)));
+    await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 1, cursor: 4 });
     const wrong = await failureOf(
-      run(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
+      runActivity(acts.writeGymRestartFallback, { checkpointDir: ckpt, step: 1, trainerVersion: 2, topologyFingerprint: FINGERPRINT, ledger: { run: 'r' } }),
     );
     expect(wrong.message).toMatch(/version 1, not 2/);
     await fsp.writeFile(path.join(ckpt, 'step_1', GYM_RESTART_FALLBACK_FILE), '{}');
-    const bad = await failureOf(run(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' }));
+    const bad = await failureOf(runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' }));
     expect(bad.type).toBe('invariant_error');
   });
 });
