@@ -2,7 +2,7 @@
 // deferred field): the restore verified the line (digest, UTF-8, JSON, lossless model, episode,
 // scope) before handing it out; parsing it into objects waits until someone reads it. Large
 // session states parsed eagerly held the Gym paused for the parse and the garbage collector's
-// copying (docs/performance.md, restore of large resources sessions).
+// copying (`npm run bench -- storage`, the 350 KB sessions).
 import { jsonTextOfUtf8, parseLossless, type LosslessValue } from './lossless-json.js';
 
 export class DeferredJson {

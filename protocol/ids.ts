@@ -47,7 +47,7 @@ function listWithFastPath<T>(fast: (item: unknown) => T | undefined, schema: z.Z
 /**
  * `z.array(EpisodeIdSchema)`, fast: a commit or restore names every episode in scope (7,600 per
  * participant), and zod's object parse per element, in a process that had not warmed it up, was
- * a large part of a fresh server's restore (docs/performance.md).
+ * a large part of a fresh server's restore (`npm run bench -- scale --profile`).
  */
 export function episodeIdList(min = 0) {
   return listWithFastPath(decodeEpisodeId, EpisodeIdSchema, min);

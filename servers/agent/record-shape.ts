@@ -1,6 +1,6 @@
 // A plain-code check of the agent's checkpoint record shape, ahead of its zod schema. Measured
-// reason (docs/performance.md, agent restore): zod copies every object and array it checks, which
-// dominated the agent's restore on cores every other participant is restoring on too. It accepts only what the
+// reason (restore profiles of `npm run bench -- scale --profile`): zod copies every object and
+// array it checks, which dominated the agent's restore on cores every other participant is restoring on too. It accepts only what the
 // schema accepts and gives back the same value: records with every defaulted field present, the
 // way this agent writes them. Anything else (a missing default, an odd number, another writer's
 // shape) returns undefined and goes through the schema, which decides and names the problem.

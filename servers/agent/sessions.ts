@@ -49,7 +49,7 @@ export interface AgentSession {
 
 export function newSession(init: { key: string; episode: EpisodeId | null; request: SeedRequest; grant: DirectHttpGrant | null }): AgentSession {
   // Fields listed, not spread: V8 builds a spread followed by more fields slowly, and a restore
-  // builds one session per record (measured: docs/performance.md, agent restore).
+  // builds one session per record (measured in the restore profiles of `npm run bench -- scale --profile`).
   return {
     key: init.key,
     episode: init.episode,
