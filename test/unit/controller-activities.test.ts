@@ -190,6 +190,19 @@ describe('Gym coordination activities', () => {
     expect(again.idempotent).toEqual(['env_main', 'res_main']);
   });
 
+  it('the commit invariants are checked here, once: a commit that does not match the topology is an invariant_error', async () => {
+    const { topology } = await gym();
+    await runActivity(acts.gymPrepare, { topology, checkpointId: 'ckpt-i', timeoutS: 10 });
+    // The resources server commits as what it is; the topology says it was discovered as an agent.
+    const wrong = { ...topology, members: topology.members.map((m) => (m.name === 'res_main' ? { ...m, kind: 'agent' as const } : m)) };
+    const f = await failureOf(
+      runActivity(acts.gymCommit, { topology: wrong, checkpointId: 'ckpt-i', timeoutS: 10, checkpointDir: path.join(tmp, 'i'), scope: [] }),
+    );
+    expect(f.type).toBe('invariant_error');
+    expect(f.nonRetryable).toBe(true);
+    expect(f.message).toMatch(/res_main: manifest kind "resources", discovered agent/);
+  });
+
   it('a scope naming a restart is refused as restart_in_scope', async () => {
     const { topology, env } = await gym();
     env.upsert('r1', { atBoundary: true, restart: true });
