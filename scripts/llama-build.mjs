@@ -49,10 +49,7 @@ function output(cmd, args) {
 async function cachedWheels(pip, digest) {
   const base = process.env.ROLLOUT_CHECKPOINT_CACHE ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'rollout-checkpoint');
   const dir = join(base, 'llama-wheels', digest.slice(0, 16));
-  const list = () =>
-    readdirSync(dir)
-      .filter((f) => f.endsWith('.whl'))
-      .map((f) => join(dir, f));
+  const list = () => readdirSync(dir).filter((f) => f.endsWith('.whl')).map((f) => join(dir, f));
   if (existsSync(dir) && list().length === 2) {
     process.stdout.write(`\nllama-build: the wheels built before are in ${dir}\n`);
     return list();
@@ -62,26 +59,10 @@ async function cachedWheels(pip, digest) {
   mkdirSync(tmp, { recursive: true });
   const parallel = Math.min(2, Number(process.env.CMAKE_BUILD_PARALLEL_LEVEL) || 2);
   // Hash-checked sources; compiled with our flags (no wheel pip may have cached from others).
-  await run(
-    pip,
-    [
-      'wheel',
-      '--disable-pip-version-check',
-      '--no-cache-dir',
-      '--no-deps',
-      '--require-hashes',
-      '--no-build-isolation',
-      '-v',
-      '-w',
-      tmp,
-      '-r',
-      p.requirementsFile,
-    ],
-    {
-      CMAKE_BUILD_PARALLEL_LEVEL: String(parallel),
-      CMAKE_ARGS: [...CMAKE_FLAGS, process.env.CMAKE_ARGS ?? ''].join(' ').trim(),
-    },
-  );
+  await run(pip, ['wheel', '--disable-pip-version-check', '--no-cache-dir', '--no-deps', '--require-hashes', '--no-build-isolation', '-v', '-w', tmp, '-r', p.requirementsFile], {
+    CMAKE_BUILD_PARALLEL_LEVEL: String(parallel),
+    CMAKE_ARGS: [...CMAKE_FLAGS, process.env.CMAKE_ARGS ?? ''].join(' ').trim(),
+  });
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);
   return list();
@@ -122,15 +103,7 @@ writeLlamaStatus({ state: 'building', ...base });
 try {
   const r = await build();
   const seconds = (Date.now() - started) / 1000;
-  writeLlamaStatus({
-    state: 'ready',
-    ...base,
-    finished_at: new Date().toISOString(),
-    seconds,
-    python: r.python,
-    model: r.model,
-    llama_cpp_version: r.llamaCppVersion,
-  });
+  writeLlamaStatus({ state: 'ready', ...base, finished_at: new Date().toISOString(), seconds, python: r.python, model: r.model, llama_cpp_version: r.llamaCppVersion });
   process.stdout.write(`\nllama-build: ready in ${seconds.toFixed(1)} s\n`);
 } catch (err) {
   const seconds = (Date.now() - started) / 1000;
