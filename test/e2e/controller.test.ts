@@ -309,7 +309,7 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       const handle = await startRun(client, cfg);
       const counter = `${name}.s1-p0`;
       const genrm = `${name}.s1-p1`;
-      await waitFor('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1);
+      await waitFor('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1, 60_000);
       await sleep(1_500); // the held siblings reach their boundaries
       const saved = await handle.executeUpdate(checkpointNow);
       expect(saved.outcome).toBe('completed');
@@ -373,7 +373,7 @@ describe('retention', () => {
         rollout_checkpointing: { snapshot_attempt_interval_s: null, keep_latest_k: 1, gym: { prepare_timeout_s: 30 } },
       });
       const handle = await startRun(client, cfg);
-      await waitFor('both rollouts in flight', async () => (await handle.query(runStatus)).inFlight === 2);
+      await waitFor('both rollouts in flight', async () => (await handle.query(runStatus)).inFlight === 2, 60_000);
       await sleep(1_500); // they reach their boundaries
       const first = await handle.executeUpdate(checkpointNow);
       const second = await handle.executeUpdate(checkpointNow);
@@ -381,7 +381,7 @@ describe('retention', () => {
       const root = dirname(second.snapshotDir!);
       expect(dirname(first.snapshotDir!)).toBe(root);
       // Applied by the run once it has the outcome (not before the update answers): wait for it.
-      await waitFor('the older snapshot deleted', async () => (await readdir(root)).length === 1);
+      await waitFor('the older snapshot deleted', async () => (await readdir(root)).length === 1, 60_000);
       expect(await readdir(root)).toEqual([basename(second.snapshotDir!)]);
       await post(`${backendUrl()}/_ctl/release`);
       const summary: RunSummary = await handle.result();

@@ -86,11 +86,11 @@ describe('trainer none over llama.cpp', () => {
     const client = new Client({ connection: connection! });
     const t0 = Date.now();
     const handle = await startRun(client, cfg);
-    await waitFor('step 1', async () => (await handle.query(runStatus)).steps >= 1);
+    await waitFor('step 1', async () => (await handle.query(runStatus)).steps >= 1, 120_000);
 
     // Park the episodes in flight: their next model call waits at the proxy; checkpoint them.
     proxy!.holdTurn(0);
-    await waitFor('two calls held', () => proxy!.held().length >= 2);
+    await waitFor('two calls held', () => proxy!.held().length >= 2, 120_000);
     const outcome = await handle.executeUpdate(checkpointNow);
     expect(outcome).toMatchObject({ outcome: 'completed' });
     expect(outcome.scope?.length ?? 0).toBeGreaterThanOrEqual(2);
