@@ -34,6 +34,7 @@
 // (`<server>-<pid>.cpuprofile`) cover a restore and a checkpoint. `windows.json` holds the
 // monotonic microsecond windows of the restore and the second prepare/commit, the clock of the
 // profiles' sample times, to cut them. Open them in Chrome DevTools or speedscope.
+import { setTimeout as sleep } from 'node:timers/promises';
 import diagnostics_channel from 'node:diagnostics_channel';
 import { readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -259,7 +260,7 @@ export function limiter(n: number): <T>(task: () => Promise<T>) => Promise<T> {
   };
 }
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+export { sleep };
 
 /** Polls until `cond` holds; fails naming `what` (and the last progress line) after `timeoutMs`. */
 export async function waitUntil(what: string, cond: () => Promise<string | true>, timeoutMs: number, intervalMs = 200): Promise<void> {

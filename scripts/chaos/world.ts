@@ -1,6 +1,7 @@
 // The real parts a fault schedule runs against and breaks: a Temporal dev server on its own SQLite
 // file, the controller's worker process, and a client. Gym deployments are per schedule
 // (scripts/chaos/run-schedule.ts). Every crash here is a SIGKILL of a real process group.
+import { setTimeout as delay } from 'node:timers/promises';
 import { appendFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client, Connection } from '@temporalio/client';
@@ -139,4 +140,4 @@ export class ChaosWorld {
   }
 }
 
-export const delay = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+export { delay };
