@@ -2,6 +2,7 @@
 // controller. Workflows use `proxyActivities<Activities>()`; every input and output is plain JSON.
 import type { ActivityLog } from './activity-context.js';
 import { closeControlPool } from './control-client.js';
+import { createControllerFileActivities } from './controller-files.js';
 import { createGymActivities } from './gym.js';
 import { createLoaderActivities } from './loader.js';
 import { createMetricsActivities } from './metrics.js';
@@ -22,6 +23,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createGymActivities(deps),
     ...createRolloutActivities(),
     ...createSnapshotActivities(),
+    ...createControllerFileActivities(),
     ...createMetricsActivities(),
     ...createLoaderActivities(),
     ...createTrainerActivities({ ...(deps.log ? { log: deps.log } : {}), ...deps.trainer }),
