@@ -74,8 +74,8 @@ export type ShardRequest = { id: string; replyTo: string } & (
   | { kind: 'planRestore'; snapshotDir: string | null; dir: string }
   /** Settle the shard's siblings after a restore (`dir` holds what it installed) and retire dead attempts. */
   | { kind: 'settleRecovery'; dir: string; restoreFailed: boolean; cold: boolean; topology: GymTopology }
-  /** Hand over these sealed groups for training step `step`: their batch part (when `batchFile`), then drop them. */
-  | { kind: 'consume'; step: number; groups: string[]; batchFile: string | null }
+  /** Hand over these sealed groups (by dataset position) for training step `step`: their batch part (when `batchFile`), then drop them. */
+  | { kind: 'consume'; step: number; groups: number[]; batchFile: string | null }
   /** Write the ledger part into a trainer anchor's fallback parts directory. */
   | { kind: 'ledgerPart'; dir: string }
 );
@@ -108,19 +108,14 @@ export const shardAnswer = defineSignal<[ShardAnswer]>('shardAnswer');
 
 // --- shards → the run ------------------------------------------------------------------------
 
-/** A group sealed in a shard (every sibling sealed): ready for a training step. Its results stay in the shard. */
-export interface SealedGroup {
-  groupId: string;
-  /** Its position in the dataset (the order steps take groups in). */
-  index: number;
-  rewardSum: number;
-  live: number;
-}
-
 /** What a shard tells the run, in batches (at most every `flushIntervalMs`). */
 export interface ShardReport {
   shard: number;
-  sealed: SealedGroup[];
+  /**
+   * Groups sealed since the last report (every sibling sealed), by their position in the dataset
+   * (the order steps take groups in): ready for a training step. Their results stay in the shard.
+   */
+  sealed: number[];
   /** Rollouts sealed with a result, and live failures charged, since the last report. */
   completed: number;
   failed: number;

@@ -25,7 +25,7 @@ import { startDeadlineClock } from './shard/deadline-clock.js';
 import { dispatch, forgetFinished } from './shard/dispatch.js';
 import { settleLiveFailures } from './shard/live-failures.js';
 import { answerRequests } from './shard/requests.js';
-import { applyHolds, initialShardState, sealedGroup, type ShardState } from './shard/state.js';
+import { applyHolds, groupIndex, initialShardState, type ShardState } from './shard/state.js';
 import { signalExpired, stopAbandoned, takeReports } from './shard/stops.js';
 
 export type { RolloutShardInput } from './shard/context.js';
@@ -144,6 +144,6 @@ async function loadSlice(ctx: ShardContext, from: NonNullable<RolloutShardInput[
   for (const id of st.ledger.order) {
     const g = st.ledger.groups[id]!;
     st.completed += g.siblings.filter((s) => L.currentAttempt(s).status === 'sealed').length;
-    if (g.status === 'ready_to_finalize') st.sealed.push(sealedGroup(g));
+    if (g.status === 'ready_to_finalize') st.sealed.push(groupIndex(g));
   }
 }

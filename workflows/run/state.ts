@@ -5,7 +5,7 @@
 import type { CheckpointOutcome, CheckpointTrigger, GymTopology } from '../../protocol/controller.js';
 import type { CaptureKey } from '../../protocol/episode-id.js';
 import type { RunConfig } from '../../protocol/run-config.js';
-import type { Holds, SealedGroup, ShardReport } from '../messages.js';
+import type { Holds, ShardReport } from '../messages.js';
 import type { EnvironmentLevel } from '../target-levels.js';
 
 export interface RunState {
@@ -28,8 +28,8 @@ export interface RunState {
   failedRollouts: number;
   /** Shard reports received and not yet applied. */
   reports: ShardReport[];
-  /** Sealed groups not trained yet, by group ID, with their shard. */
-  ready: Record<string, SealedGroup & { shard: number }>;
+  /** Sealed groups not trained yet: `[dataset position, shard]` (their results are in the shard). */
+  ready: Array<[index: number, shard: number]>;
   /**
    * Per shard: groups assigned so far; and, as of its last report, how many of those it had
    * received, how many groups it had unfinished, how many attempts in flight.
@@ -131,7 +131,7 @@ export function initialState(): RunState {
     completedRollouts: 0,
     failedRollouts: 0,
     reports: [],
-    ready: {},
+    ready: [],
     assigned: [],
     reported: [],
     lastCheckpointAtMs: null,
@@ -159,8 +159,13 @@ export function initialState(): RunState {
 export function applyShardReports(st: RunState): void {
   const reports = st.reports;
   st.reports = [];
+  const have = new Set(st.ready.map(([index]) => index));
   for (const r of reports) {
-    for (const g of r.sealed) st.ready[g.groupId] ??= { ...g, shard: r.shard };
+    for (const index of r.sealed) {
+      if (have.has(index)) continue;
+      have.add(index);
+      st.ready.push([index, r.shard]);
+    }
     st.completedRollouts += r.completed;
     st.failedRollouts += r.failed;
     st.reported[r.shard] = { assigned: r.assigned, unfinished: r.unfinished, inFlight: r.inFlight };

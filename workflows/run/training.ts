@@ -65,14 +65,11 @@ export async function trainReadyGroups(ctx: RunContext): Promise<void> {
     for (;;) {
       // An anchor's trainer-boundary snapshot is taken at its step, before the next step trains.
       if (ctx.checkpointRunning || ctx.boundaryRequested) return;
-      const ready = Object.values(st.ready);
-      if (ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
+      if (st.ready.length < cfg.grpo.num_prompts_per_step || st.steps >= cfg.grpo.max_num_steps) return;
       // Dataset order, as the groups were reserved.
-      const groups = ready.sort((a, b) => a.index - b.index).slice(0, cfg.grpo.num_prompts_per_step);
+      const groups = [...st.ready].sort((a, b) => a[0] - b[0]).slice(0, cfg.grpo.num_prompts_per_step);
       const step = st.steps + 1;
-      const batchFiles = await takeGroups(ctx, step, groups);
-      const live = groups.reduce((n, g) => n + g.live, 0);
-      const mean = live ? groups.reduce((n, g) => n + g.rewardSum, 0) / live : 0;
+      const { batchFiles, mean } = await takeGroups(ctx, step, groups);
       if (cfg.trainer.enabled) {
         // Weight sync: admission closed by its own gate (the checkpoint gate is not touched).
         st.gates.weightSync = true;
@@ -110,10 +107,10 @@ function batchDir(ctx: RunContext, step: number): string {
  * Asks the shards holding `groups` for them: each writes its part of the step's batch (when a
  * trainer reads one) and drops them. Returns the parts' files, in shard order.
  */
-async function takeGroups(ctx: RunContext, step: number, groups: Array<{ groupId: string; shard: number }>): Promise<string[]> {
+async function takeGroups(ctx: RunContext, step: number, groups: Array<[index: number, shard: number]>): Promise<{ batchFiles: string[]; mean: number }> {
   const { st, cfg } = ctx;
-  const byShard = new Map<number, string[]>();
-  for (const g of groups) byShard.set(g.shard, [...(byShard.get(g.shard) ?? []), g.groupId]);
+  const byShard = new Map<number, number[]>();
+  for (const [index, shard] of groups) byShard.set(shard, [...(byShard.get(shard) ?? []), index]);
   const shards = [...byShard.keys()].sort((a, b) => a - b);
   const withBatch = cfg.trainer.enabled;
   const answers = await ctx.shardsAsk.ask(shards, (k) => ({
@@ -124,8 +121,11 @@ async function takeGroups(ctx: RunContext, step: number, groups: Array<{ groupId
   }));
   const failed = answers.filter((a) => a.error !== undefined);
   if (failed.length > 0) throw ApplicationFailure.nonRetryable(`training step ${step}: shards could not hand over their groups: ${failed.map((a) => a.error).join('; ')}`, 'invariant_error');
-  for (const g of groups) delete st.ready[g.groupId];
-  return answers.flatMap((a) => (a.batchFile ? [a.batchFile] : []));
+  const taken = new Set(groups.map(([index]) => index));
+  st.ready = st.ready.filter(([index]) => !taken.has(index));
+  const live = answers.reduce((n, a) => n + (a.live ?? 0), 0);
+  const mean = live ? answers.reduce((n, a) => n + (a.rewardSum ?? 0), 0) / live : 0;
+  return { batchFiles: answers.flatMap((a) => (a.batchFile ? [a.batchFile] : [])), mean };
 }
 
 /**

@@ -9,7 +9,7 @@ import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
 import { HOLDERS } from '../messages.js';
 import { GYM_RESTARTED } from '../rolloutAttempt.js';
-import { sealedGroup, type InFlight, type ShardState } from './state.js';
+import { groupIndex, type InFlight, type ShardState } from './state.js';
 
 export interface AppliedReports {
   /** In-flight attempts whose cohort started over without them: to be told to stop. */
@@ -72,7 +72,7 @@ function inRecovery(st: ShardState): boolean {
 /** Queues the report of a group whose last sibling the result sealed. */
 function announceIfSealed(st: ShardState, r: RolloutReport): void {
   const found = L.findSibling(st.ledger, r.episode.rollout_id);
-  if (found?.group.status === 'ready_to_finalize') st.sealed.push(sealedGroup(found.group));
+  if (found?.group.status === 'ready_to_finalize') st.sealed.push(groupIndex(found.group));
 }
 
 /**

@@ -10,6 +10,7 @@ import * as L from '../ledger.js';
 import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import type { ShardContext } from './context.js';
+import { groupIndex } from './state.js';
 import { takeReports } from './stops.js';
 
 /** Answers every request that can be answered now; a `drain` waits until nothing is in flight. */
@@ -125,10 +126,11 @@ async function settle(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'set
 }
 
 /** Hands sealed groups over to a training step: their batch part (if the trainer reads one), then they leave the slice. */
-async function consume(ctx: ShardContext, groupIds: string[], batchFile: string | null): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+async function consume(ctx: ShardContext, indexes: number[], batchFile: string | null): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
   const { st } = ctx;
-  const groups = groupIds.map((id) => st.ledger.groups[id]).filter((g): g is L.PromptGroup => g?.status === 'ready_to_finalize');
-  if (groups.length !== groupIds.length) throw new Error(`consume: ${groupIds.length - groups.length} of the groups are not sealed in shard ${ctx.input.shard}`);
+  const wanted = new Set(indexes);
+  const groups = st.ledger.order.map((id) => st.ledger.groups[id]!).filter((g) => g.status === 'ready_to_finalize' && wanted.has(groupIndex(g)));
+  if (groups.length !== indexes.length) throw new Error(`consume: ${indexes.length - groups.length} of the groups are not sealed in shard ${ctx.input.shard}`);
   let rewardSum = 0;
   let live = 0;
   const batch = groups.map((g) => ({

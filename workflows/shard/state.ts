@@ -6,7 +6,7 @@ import type { GymTopology, RolloutReport } from '../../protocol/controller.js';
 import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
-import type { Holds, SealedGroup, ShardRequest } from '../messages.js';
+import type { Holds, ShardRequest } from '../messages.js';
 import type { RecoveryPlan } from '../recovery-plan.js';
 
 export interface InFlight {
@@ -36,7 +36,7 @@ export interface ShardState {
   /** Requests not answered yet (a `drain` waits for the attempts in flight). */
   requests: ShardRequest[];
   /** What the next report to the run carries. */
-  sealed: SealedGroup[];
+  sealed: number[];
   completed: number;
   failed: number;
   /** A Gym crash noticed under its attempts (why), until the run's recovery settles the shard. */
@@ -95,15 +95,3 @@ export function groupIndex(group: L.PromptGroup): number {
   return group.task_ref?.prompt_index ?? Number(group.group_id.slice(group.group_id.lastIndexOf('.p') + 2));
 }
 
-/** A sealed group as the run hears of it: its position and its live rewards. */
-export function sealedGroup(group: L.PromptGroup): SealedGroup {
-  let rewardSum = 0;
-  let live = 0;
-  for (const s of group.siblings) {
-    const a = L.currentAttempt(s);
-    if (a.mask_sample) continue;
-    rewardSum += a.reward ?? 0;
-    live += 1;
-  }
-  return { groupId: group.group_id, index: groupIndex(group), rewardSum, live };
-}
