@@ -314,6 +314,8 @@ export interface CheckpointOutcome {
   error?: string;
   seconds: CheckpointStageSeconds;
   at: string;
+  /** When the attempt reopened admission in the rollout shards (epoch ms of its workflow clock). */
+  releasedAtMs?: number;
 }
 
 /** Application failure types the activities raise (the type is what workflows branch on). */

@@ -4,7 +4,7 @@
 // The run has closed admission in every shard before it starts this. A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
-import { ApplicationFailure, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
+import { ApplicationFailure, getExternalWorkflowHandle, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
 import {
   groupOfRollout,
   shardOf,
@@ -21,8 +21,9 @@ import {
 import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
 import { controlActivities, controlLocalActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
 import { describeFailure, failureType, unreachableServers } from './failures.js';
-import type { ShardAnswer } from './messages.js';
+import { HOLDERS, releasedHolds, setHolds, type Holds, type ShardAnswer } from './messages.js';
 import { ShardAsker, allShards } from './shard-asker.js';
+import { shardWorkflowId } from './shard-id.js';
 
 export interface CheckpointAttemptInput {
   run: string;
@@ -31,6 +32,8 @@ export interface CheckpointAttemptInput {
   topology: GymTopology;
   /** The run's rollout shards (each writes its candidates and its ledger part). */
   shards: number;
+  /** The holds the run set in the shards for this checkpoint: released by the attempt as soon as Gym resumes. */
+  holds: Holds;
   /** The run's side of the cut, frozen while admission is closed. */
   cut: { dataloaderCursor: number; baseTrainStep: number; trainerVersion: number };
   /** How long a shard waits for results already on the wire before it cuts again (`controller.late_result_wait_ms`). */
@@ -121,7 +124,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       .map(([name]) => name);
     if (restarted.length > 0) throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
     const tmpDir = location.tmpDir;
-    requireAnswers('candidates', await timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir }), shardTimeoutMs)));
+    // The shards dispatch nothing more (the run waited until each had the hold): they write their
+    // candidates while Gym prepares.
+    const candidates = timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir }), shardTimeoutMs));
 
     await stage('prepare');
     // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
@@ -133,6 +138,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     );
     if (!prep.prepared) throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     restarts = prep.restarts;
+    requireAnswers('candidates', await candidates);
 
     // Gym is frozen: the shards write their ledger parts while Gym commits.
     await stage('commit');
@@ -187,7 +193,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       await stage('abort');
       abortPending = !(await resumeGym(control, input, seconds));
     }
+    const releasedAtMs = abortPending ? undefined : await releaseShards(input);
     return finish({
+      ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
       outcome: 'failed',
       reason,
       error: message,
@@ -203,7 +211,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   // snapshots) is the run's, once it has the outcome and admission is open again.
   await stage('resume');
   const released = await resumeGym(control, input, seconds);
+  const releasedAtMs = released ? await releaseShards(input) : undefined;
   return finish({
+    ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',
     releasePending: !released,
@@ -216,6 +226,23 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
 
 export function checkpointWorkflowId(run: string, checkpointId: string): string {
   return `${run}/checkpoint/${checkpointId}`;
+}
+
+/**
+ * Gym resumed: the shards may dispatch again at once, not one round trip through the run later. The
+ * run adopts the same holds when it has the outcome (it changes none while the attempt runs).
+ */
+async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
+  const holds = releasedHolds(input.holds, HOLDERS.checkpoint);
+  const at = Date.now();
+  await Promise.all(
+    allShards(input.shards).map((k) =>
+      getExternalWorkflowHandle(shardWorkflowId(input.run, k))
+        .signal(setHolds, holds)
+        .catch(() => undefined),
+    ),
+  );
+  return at;
 }
 
 /** Every shard answered without an error, or the attempt fails (a shard's part is missing from the cut). */

@@ -48,6 +48,11 @@ export const HOLDERS = {
   stopping: 'stopping',
 } as const;
 
+/** The holds with `holder` released (the next sequence number). */
+export function releasedHolds(h: Holds, holder: string): Holds {
+  return { seq: h.seq + 1, admission: h.admission.filter((x) => x !== holder), deadlines: h.deadlines.filter((x) => x !== holder) };
+}
+
 /** Holds under which Gym is mid-checkpoint or mid-recovery: no `forget` goes out then. */
 export function gymBusy(h: Holds): boolean {
   return h.admission.includes(HOLDERS.checkpoint) || h.admission.includes(HOLDERS.recovery);

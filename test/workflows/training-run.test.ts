@@ -83,17 +83,19 @@ async function historyEvents(workflowId: string) {
 }
 
 /**
- * The attempt asks its shards twice: for their candidates (with allocation, in its first workflow
- * task) and for their ledger parts in the same workflow task that schedules the commit (the shards
- * cut while Gym commits; no task of its own waits for a signal's delivery while admission is closed).
+ * The attempt asks its shards for their candidates in the workflow task that schedules prepare,
+ * and for their ledger parts in the one that schedules the commit (the shards write while Gym
+ * works; no task of its own waits for a signal's delivery while admission is closed); once Gym
+ * resumed it releases their hold itself.
  */
 async function expectShardRequestsBesideStages(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
   const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
-  expect(signals.map((a) => a.signalName)).toEqual(Array(2 * shards).fill('shardRequest'));
+  expect(signals.map((a) => a.signalName)).toEqual([...Array(2 * shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
-  const commitTask = events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymCommit')!.activityTaskScheduledEventAttributes!;
-  expect(taskOf(signals[shards]!)).toBe(taskOf(commitTask));
+  const taskOfActivity = (name: string): string => taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
+  expect(taskOf(signals[0]!)).toBe(taskOfActivity('gymPrepare'));
+  expect(taskOf(signals[shards]!)).toBe(taskOfActivity('gymCommit'));
 }
 
 type HistoryEvent = Awaited<ReturnType<typeof historyEvents>>[number];
@@ -122,10 +124,10 @@ async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> 
   expect(scheduled).not.toContain('allocateSnapshot');
   expect(scheduled).not.toContain('finalizeSnapshot');
   expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
-  // Allocation and the restart check added no workflow task of their own: the first task sent the
-  // shards their request, the second saw it delivered, the third had the answer and sent prepare.
+  // Allocation and the restart check added no workflow task of their own: prepare went out in the
+  // attempt's first workflow task.
   const prepare = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare');
-  expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(3);
+  expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
 }
 
 /** The attempt applied no retention; the run applied it after the attempt's result. */
@@ -184,8 +186,8 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.count('ledger-cut')).toBe(1);
       expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toEqual(['shardAnswer', 'shardAnswer']);
-      // The run closed admission in its shard before the attempt and reopened it after.
-      expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(2);
+      // The run closed admission in its shard before the attempt; the attempt reopened it.
+      expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(1);
       // Retention runs in the run once it has the outcome, with admission open again.
       await expectRetentionByRun(cfg.run.name, checkpointWorkflowId(cfg.run.name, id));
       await until(() => gym.count('retention') === 1, 'retention');
@@ -537,9 +539,11 @@ describe('lost activity tasks', () => {
       grpo: { max_num_steps: 1 },
       controller: { schedule_to_start_timeout_s: 1 },
     });
-    await withWorker(env, bundle, gym, cfg, async () => {
+    // The attempts' workflows run on the rollout task queue; nobody polls it for activities yet.
+    const attempts = await Worker.create({ connection: env.nativeConnection, taskQueue: cfg.run.rollout_task_queue, workflowBundle: bundle });
+    await withWorker(env, bundle, gym, cfg, () => attempts.runUntil(async () => {
       const handle = await startRun(cfg);
-      // Nobody polls the rollout task queue yet: both /run tasks wait past the timeout.
+      // Nobody polls the rollout task queue for activities yet: both /run tasks wait past the timeout.
       const attemptId = rolloutWorkflowId(cfg.run.name, { rollout_id: `${cfg.run.name}.p0.g0`, attempt: 0 });
       const timedOut = async (): Promise<number> => {
         const history = await env.client.workflow.getHandle(attemptId).fetchHistory().catch(() => undefined);
@@ -558,7 +562,7 @@ describe('lost activity tasks', () => {
       const history = await env.client.workflow.getHandle(attemptId).fetchHistory();
       const scheduled = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'runEpisode');
       expect(scheduled.length).toBeGreaterThanOrEqual(2);
-    });
+    }));
   }, 60_000);
 });
 

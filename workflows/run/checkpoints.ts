@@ -6,6 +6,7 @@ import { ApplicationFailure, ParentClosePolicy, executeChild, log, setCurrentDet
 import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/controller.js';
 import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
 import { unreachableServers } from '../failures.js';
+import { HOLDERS, releasedHolds } from '../messages.js';
 import type { RunContext } from './context.js';
 import { ensureShards, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
@@ -16,6 +17,12 @@ const PENDING_RETRY_MS = 5_000;
 async function openGymGate(ctx: RunContext): Promise<void> {
   ctx.st.gates.gymCheckpoint = false;
   await syncHolds(ctx);
+}
+
+/** The attempt released the shards itself once Gym resumed: the run takes the same holds over, then syncs any change since. */
+async function gateReleasedByAttempt(ctx: RunContext): Promise<void> {
+  ctx.st.holds = releasedHolds(ctx.st.holds, HOLDERS.checkpoint);
+  await openGymGate(ctx);
 }
 
 export function checkpointDue(ctx: RunContext): boolean {
@@ -176,6 +183,7 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
         trigger,
         topology: st.topology,
         shards: st.shards,
+        holds: st.holds,
         cut: { dataloaderCursor: st.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion },
         lateResultWaitMs: cfg.controller.late_result_wait_ms,
         checkpointDir: cfg.run.checkpoint_dir,
@@ -194,9 +202,10 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
   } else if (o.abortPending) {
     st.pendingAbort = { checkpointId, trigger };
   } else {
-    await openGymGate(ctx);
+    await gateReleasedByAttempt(ctx);
   }
-  o.seconds.admission_closed_seconds = (Date.now() - closedAt) / 1000;
+  // Until the attempt reopened the shards (or until now, when admission stays closed).
+  o.seconds.admission_closed_seconds = ((o.releasedAtMs ?? Date.now()) - closedAt) / 1000;
   // Published: older snapshots go now, with admission open (best effort: the next one retries;
   // the run awaits it before it continues as new or ends).
   if (o.snapshotDir) {

@@ -47,7 +47,6 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
             runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
             scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
           },
-          taskQueue: cfg.run.task_queue,
           flushIntervalMs: flushIntervalMs(st.shards),
           maxHistoryEvents: cfg.controller.max_history_events,
           maxAttemptsPerSibling: cfg.async_rl.max_attempts_per_sibling,

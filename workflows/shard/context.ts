@@ -17,8 +17,6 @@ export interface RolloutShardInput {
   shards: number;
   /** The settings every attempt it starts shares. */
   attempts: Pick<RolloutAttemptInput, 'controlTaskQueue' | 'runTaskQueue' | 'retireTimeoutS' | 'runHeartbeatTimeoutS' | 'scheduleToStartTimeoutS'>;
-  /** The task queue of the attempt workflows. */
-  taskQueue: string;
   /** Least time between two reports to the run: the run's signal rate stays bounded, however many shards. */
   flushIntervalMs: number;
   /** Continue-as-new past this many events. */

@@ -52,7 +52,8 @@ export async function dispatch(ctx: ShardContext): Promise<void> {
     starts.push(
       startChild(rolloutAttempt, {
         workflowId,
-        taskQueue: input.taskQueue,
+        // Beside its `/run` activity, on the rollout task queue (workflows/attempt-index.ts).
+        taskQueue: input.attempts.runTaskQueue,
         parentClosePolicy: ParentClosePolicy.ABANDON,
         // An attempt runs once: a start repeated after it ended must not run it again.
         workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
