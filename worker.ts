@@ -18,8 +18,9 @@ export interface ControllerWorkerOptions {
   taskQueue?: string;
   rolloutTaskQueue?: string;
   controlToken: string;
-  /** Reuse a bundle across workers in one process (tests). */
+  /** Reuse bundles across workers in one process (tests). */
   workflowBundle?: WorkflowBundleWithSourceMap;
+  attemptBundle?: WorkflowBundleWithSourceMap;
   maxConcurrentRollouts?: number;
   /** Give up connecting after this long (default: retry for ever). */
   connectTimeoutMs?: number;
@@ -36,6 +37,13 @@ export const WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/index.ts', impo
 
 export async function bundleWorkflows(): Promise<WorkflowBundleWithSourceMap> {
   return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: undefined });
+}
+
+export const ATTEMPT_WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/attempt-index.ts', import.meta.url));
+
+/** The rollout worker's bundle: the rollout attempt alone (workflows/attempt-index.ts). */
+export async function bundleAttemptWorkflows(): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: ATTEMPT_WORKFLOWS_PATH, logger: undefined });
 }
 
 /** Waits before connection try `n` (from 0): 0.5 s doubling to 10 s. */
@@ -75,7 +83,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
   const activities = createActivities({ controlToken: opts.controlToken, pools });
-  const workflowBundle = opts.workflowBundle ?? (await bundleWorkflows());
+  const [workflowBundle, attemptBundle] = await Promise.all([opts.workflowBundle ?? bundleWorkflows(), opts.attemptBundle ?? bundleAttemptWorkflows()]);
   const { connection, workers } = await connectWorkers(opts, async (connection) => [
     await Worker.create({
       connection,
@@ -91,7 +99,12 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
       connection,
       namespace: opts.namespace ?? 'default',
       taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
+      // The attempt workflows and their `/run`s: an attempt's activity is dispatched eagerly to
+      // this worker with its workflow task's completion.
+      workflowBundle: attemptBundle,
       activities: { runEpisode: activities.runEpisode },
+      maxConcurrentWorkflowTaskExecutions: 64,
+      maxCachedWorkflows: 8_000,
       // Each /run holds a slot for its whole duration; they are I/O-bound.
       maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
       maxConcurrentActivityTaskPolls: 20,

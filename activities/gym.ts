@@ -18,9 +18,10 @@ import {
   type EnvironmentCapabilities,
   type GymTopology,
 } from '../protocol/controller.js';
-import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
+import { captureKey, parseCaptureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
 import { writeFileAtomically } from '../servers/common/durable-files.js';
+import { readCandidates, readScopeParts, writeRestored } from './controller-files.js';
 import { readJsonFile } from './json-file.js';
 import {
   activityContext,
@@ -142,8 +143,12 @@ export interface GymCallInput {
 
 export interface GymCommitInput extends GymCallInput {
   checkpointDir: string;
-  /** Every episode the controller continues (restarts already removed). */
-  scope: EpisodeId[];
+  /**
+   * Every episode the controller continues, as a list (tools, tests) or, from the checkpoint
+   * attempt, the candidates its rollout shards wrote into `checkpointDir` (`candidatesFile`) less
+   * the restarts Gym reported at prepare.
+   */
+  scope: EpisodeId[] | { shards: number; restarts: CaptureKey[] };
   /** Stop after this checkpoint instead of resuming; sent only when true. */
   stop?: boolean;
 }
@@ -169,8 +174,12 @@ export interface GymRestoreInput {
   timeoutS: number;
   /** The published snapshot directory (participants read `<dir>/gym/<kind>/<instance>`). */
   checkpointDir: string;
-  /** The checkpointed attempts N to continue. */
-  scope: EpisodeId[];
+  /**
+   * The checkpointed attempts N to continue: a list (tools, tests) or, from the run, the directory
+   * its rollout shards wrote their parts of the scope into (`scopePartFile`); the answer is then
+   * written there too (`RESTORED_FILE`) and the outcome carries counts only.
+   */
+  scope: EpisodeId[] | { dir: string; shards: number };
   /** When given, every participant must report restoring from this checkpoint. */
   sourceCheckpointId?: string;
 }
@@ -304,18 +313,26 @@ export function createGymActivities(deps: GymActivityDeps) {
       const start = Date.now();
       const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
-      if (!Array.isArray(input.scope)) throw invariantFailure('commit scope must be a list of episodes');
+      let scope: EpisodeId[];
+      if (Array.isArray(input.scope)) scope = input.scope;
+      else {
+        const restarts = new Set(input.scope.restarts);
+        const candidates = await readCandidates(input.checkpointDir, input.scope.shards).catch((err: unknown) => {
+          throw err instanceof ApplicationFailure ? err : storageFailure(`reading the scope candidates in ${input.checkpointDir}`, err);
+        });
+        scope = candidates.filter((k) => !restarts.has(k)).map((k) => parseCaptureKey(k)!);
+      }
       const replies = await gymCall({ op: 'commit', checkpointId: input.checkpointId }, (signal) =>
         commit(dep, {
           checkpointId: input.checkpointId,
           deadlineTs,
           checkpointDir: input.checkpointDir,
-          scope: input.scope,
+          scope,
           ...(input.stop === true ? { stop: true } : {}),
           ...(signal ? { signal } : {}),
         }),
       );
-      const scopeKeys = new Set<CaptureKey>(input.scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt ?? 0 })));
+      const scopeKeys = new Set<CaptureKey>(scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt ?? 0 })));
       const committed: Record<string, GymParticipantCommit> = {};
       const problems: string[] = [];
       for (const m of dep.members) {
@@ -357,6 +374,7 @@ export function createGymActivities(deps: GymActivityDeps) {
       return {
         checkpointId: input.checkpointId,
         participants: commitSummaries(committed),
+        scopeCount: file.scope.length,
         uncommitted: file.scope.filter((k) => !environmentKeys.has(k)),
         seconds: secondsSince(start),
       };
@@ -394,13 +412,21 @@ export function createGymActivities(deps: GymActivityDeps) {
       const start = Date.now();
       const dep = participantsOf(token, deps.controlPool, input.topology);
       const deadlineTs = deadlineIn(input.timeoutS);
-      if (!Array.isArray(input.scope)) throw invariantFailure('restore scope must be a list of episodes');
+      const parts = Array.isArray(input.scope) ? undefined : input.scope;
+      const scope = parts
+        ? await readScopeParts(parts.dir, parts.shards).then(
+            (r) => r.scope,
+            (err: unknown) => {
+              throw err instanceof ApplicationFailure ? err : storageFailure(`reading the restore scope in ${parts.dir}`, err);
+            },
+          )
+        : (input.scope as EpisodeId[]);
       const replies = await gymCall({ op: 'restore', checkpointId: input.restoreId }, (signal) =>
         restore(dep, {
           checkpointId: input.restoreId,
           deadlineTs,
           checkpointDir: input.checkpointDir,
-          scope: input.scope,
+          scope,
           log,
           ...(signal ? { signal } : {}),
         }),
@@ -415,7 +441,13 @@ export function createGymActivities(deps: GymActivityDeps) {
       }
       const restored: Record<string, CaptureKey[]> = {};
       for (const [name, r] of Object.entries(replies)) restored[name] = [...r.restored];
-      return { restoreId: input.restoreId, restored, seconds: secondsSince(start) };
+      if (!parts) return { restoreId: input.restoreId, restored, seconds: secondsSince(start) };
+      // The replacements go to the shards by file; the history carries their count.
+      await writeRestored(parts.dir, restored).catch((err: unknown) => {
+        throw storageFailure(`writing what the restore installed into ${parts.dir}`, err);
+      });
+      const counts = Object.fromEntries(Object.entries(restored).map(([name, keys]) => [name, keys.length]));
+      return { restoreId: input.restoreId, restored: {}, restoredCounts: counts, scopeCount: scope.length, seconds: secondsSince(start) };
     },
 
     async gymRetire(input: GymRetireInput): Promise<GymRetireOutcome> {

@@ -3,6 +3,7 @@
 import type { Agent } from 'undici';
 import type { ActivityLog } from './activity-context.js';
 import { createControlPool, type ControlPoolOptions } from './control-client.js';
+import { createControllerFileActivities } from './controller-files.js';
 import { createGymActivities } from './gym.js';
 import { createLoaderActivities } from './loader.js';
 import { createMetricsActivities } from './metrics.js';
@@ -39,6 +40,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createGymActivities({ controlToken: deps.controlToken, controlPool: deps.pools.control, ...(deps.log ? { log: deps.log } : {}) }),
     ...createRolloutActivities(deps.pools.run),
     ...createSnapshotActivities(),
+    ...createControllerFileActivities(),
     ...createMetricsActivities(),
     ...createLoaderActivities(),
     ...createTrainerActivities({ ...(deps.log ? { log: deps.log } : {}), ...deps.trainer }),

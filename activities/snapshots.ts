@@ -2,7 +2,8 @@
 //   <checkpoint_dir>/<anchor>/rollout_snapshots/{tmp_,trash_,}snapshot_NNNNNN/
 //     gym/<kind>/<instance>/   written by the Gym commit
 //     gym_commit.json          the commit's scope and episode lists (the manifest is completed from it)
-//     ledger.json              the controller's ledger cut
+//     controller/              the controller's ledger cut: one part per rollout shard (and the
+//                              shards' scope candidates)
 //     manifest.json            written last
 // Allocation, writing, validation, atomic publication, retention and selection for restore.
 // Every step may run twice (activity retries), so each is idempotent.
@@ -11,7 +12,6 @@ import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
 import { z } from 'zod';
-import { packJson, unpacked } from '../protocol/packed-json.js';
 import {
   FAILURE_TYPES,
   GYM_COMMIT_FILE,
@@ -25,15 +25,15 @@ import { CheckpointIdSchema, captureKeyList } from '../protocol/ids.js';
 import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage/index.js';
-import { errorMessage, heartbeating, invariantFailure, storageFailure } from './activity-context.js';
+import { heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { sortKeysDeep } from '../protocol/canonical-json.js';
-import { fsyncPath, writeFileAtomically, writeFileDurably } from '../servers/common/durable-files.js';
+import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
+import { readLedgerParts } from './controller-files.js';
 import { readJsonFile } from './json-file.js';
 import { TRAINER_FILE } from './trainer.js';
 
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
 export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
-export const LEDGER_FILE = 'ledger.json';
 export const SNAPSHOT_FORMAT = 'rollout-checkpoint/ts';
 export const SNAPSHOT_SCHEMA_VERSION = 1;
 
@@ -85,8 +85,7 @@ export const SnapshotManifestSchema = z.strictObject({
       }),
     ),
   }),
-  ledger_sha256: Sha256Hex,
-  ledger_bytes: Count,
+  ledger_parts: z.array(z.strictObject({ file: z.string().regex(/^controller\/ledger-\d+\.json$/), sha256: Sha256Hex, bytes: Count })),
   created_at: z.string().min(1),
 });
 
@@ -207,30 +206,6 @@ export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<Sn
   });
 }
 
-export interface WriteLedgerCutInput {
-  tmpDir: string;
-  /** The run's ledger; packed by the run (an activity input is one payload, ≤ 2 MiB). Written as plain JSON. */
-  ledger: unknown;
-}
-
-/**
- * Writes `ledger.json` and returns what the manifest records about it. Not fsynced here: the
- * publication fsyncs the temp snapshot as a whole before its rename, and the cut is written while
- * the Gym commit is writing and fsyncing its own files.
- */
-export async function writeLedgerCut(input: WriteLedgerCutInput): Promise<{ sha256: string; bytes: number }> {
-  requireTmpDir(input.tmpDir, 'writeLedgerCut');
-  const ledger = unpacked(input.ledger);
-  const text = ledger === undefined ? undefined : JSON.stringify(ledger);
-  if (text === undefined) throw invariantFailure('the ledger cut is not JSON');
-  const data = Buffer.from(text, 'utf8');
-  return storage(`writing the ledger cut into ${input.tmpDir}`, async () => {
-    await requireDir(input.tmpDir, 'writeLedgerCut');
-    await writeFileAtomically(path.join(input.tmpDir, LEDGER_FILE), data);
-    return { sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length };
-  });
-}
-
 export interface WriteSnapshotManifestInput {
   tmpDir: string;
   manifest: SnapshotManifest;
@@ -316,17 +291,17 @@ async function checkSnapshot(
         throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${fingerprint}`);
       }
 
-      let ledger: { sha256: string; bytes: number };
-      try {
-        ledger = await digestFile(path.join(dir, LEDGER_FILE));
-      } catch (err) {
-        if (isErrno(err, 'ENOENT')) throw bad(`no ${LEDGER_FILE}`);
-        throw err;
-      }
-      if (ledger.bytes !== manifest.ledger_bytes || ledger.sha256 !== manifest.ledger_sha256) {
-        throw bad(
-          `${LEDGER_FILE} does not match the manifest (sha256 ${ledger.sha256}, ${ledger.bytes} bytes; manifest ${manifest.ledger_sha256}, ${manifest.ledger_bytes} bytes)`,
-        );
+      for (const part of manifest.ledger_parts) {
+        let got: { sha256: string; bytes: number };
+        try {
+          got = await digestFile(path.join(dir, part.file));
+        } catch (err) {
+          if (isErrno(err, 'ENOENT')) throw bad(`no ${part.file}`);
+          throw err;
+        }
+        if (got.bytes !== part.bytes || got.sha256 !== part.sha256) {
+          throw bad(`${part.file} does not match the manifest (sha256 ${got.sha256}, ${got.bytes} bytes; manifest ${part.sha256}, ${part.bytes} bytes)`);
+        }
       }
 
       const entries = Object.entries(manifest.gym_checkpoint.participants);
@@ -524,21 +499,16 @@ export interface ReadLedgerInput {
   dir: string;
 }
 
+/** A snapshot's ledger: its parts merged, with the manifest's cursor (tools and tests; workflows load one shard's slice). */
 export async function readLedger(input: ReadLedgerInput): Promise<unknown> {
-  const file = path.join(input.dir, LEDGER_FILE);
-  return storage(`reading ${file}`, async () => {
-    let text: string;
-    try {
-      text = await fsp.readFile(file, 'utf8');
-    } catch (err) {
-      if (isErrno(err, 'ENOENT')) throw invariantFailure(`snapshot ${input.dir} has no ${LEDGER_FILE}`);
-      throw err;
-    }
-    try {
-      return JSON.parse(text) as unknown;
-    } catch (err) {
-      throw invariantFailure(`${file} is not JSON: ${errorMessage(err)}`);
-    }
+  return storage(`reading the ledger of ${input.dir}`, async () => {
+    const bad = (what: string): ApplicationFailure => invariantFailure(`snapshot ${input.dir}: ${what}`);
+    const manifest = await readSnapshotManifest(input.dir, bad);
+    const merged = await readLedgerParts(
+      input.dir,
+      manifest.ledger_parts.map((p) => p.file),
+    );
+    return { ...merged, run: manifest.run, cursor: manifest.dataloader_cursor };
   });
 }
 
@@ -557,17 +527,19 @@ export interface SkippedSnapshot {
 export interface LatestSnapshot {
   dir: string;
   anchor: string;
-  /** Without the participants' episode IDs (they stay on disk): one payload, ≤ 2 MiB. */
+  /**
+   * Without the scope and the participants' episode IDs (they stay on disk): thousands of keys.
+   * The ledger stays on disk too: each rollout shard loads its slice (loadLedgerSlice).
+   */
   manifest: SnapshotManifestSlim;
-  /** Packed (`protocol/packed-json.ts`): the plain ledger is ~300 bytes per rollout in flight. */
-  ledger: unknown;
   /** Newer snapshots that did not validate, newest first. */
   skipped: SkippedSnapshot[];
 }
 
-/** The manifest with each participant's episode IDs replaced by their count. */
+/** The manifest with each participant's episode IDs replaced by their count, and without the scope. */
 function slimManifest(manifest: SnapshotManifest): SnapshotManifestSlim {
-  return { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, participants: commitSummaries(manifest.gym_checkpoint.participants) } };
+  const { scope: _scope, ...gym } = manifest.gym_checkpoint;
+  return { ...manifest, gym_checkpoint: { ...gym, participants: commitSummaries(manifest.gym_checkpoint.participants) } };
 }
 
 /** Anchors newest first: `step_<N>` by N descending, then `bootstrap`. */
@@ -610,8 +582,7 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
           const dir = path.join(root, name);
           try {
             const manifest = await validateSnapshot({ dir, ...(input.fingerprint !== undefined ? { fingerprint: input.fingerprint } : {}) });
-            const ledger = await readLedger({ dir });
-            return { dir, anchor, manifest: slimManifest(manifest), ledger: packJson(ledger), skipped };
+            return { dir, anchor, manifest: slimManifest(manifest), skipped };
           } catch (err) {
             if (err instanceof ApplicationFailure && err.type === FAILURE_TYPES.invariant) {
               skipped.push({ dir, reason: err.message });
@@ -634,7 +605,6 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
 export function createSnapshotActivities() {
   return {
     allocateSnapshot,
-    writeLedgerCut,
     writeSnapshotManifest,
     validateSnapshot,
     publishSnapshot,

@@ -22,7 +22,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import { request } from 'undici';
 import { z } from 'zod';
 import { FAILURE_TYPES } from '../protocol/controller.js';
-import { packJson, unpacked, type PackedJson } from '../protocol/packed-json.js';
+import { unpacked, type PackedJson } from '../protocol/packed-json.js';
 import { CaptureKeySchema, parseCaptureKey } from '../protocol/ids.js';
 import { PolicyWeightsSchema, initialWeights } from '../servers/inference/policy.js';
 import { clip, errorMessage, heartbeating, invariantFailure, logger, withStorageFailure, type ActivityLog } from './activity-context.js';
@@ -41,6 +41,7 @@ import {
 import { canonicalJson, sortKeysDeep } from '../protocol/canonical-json.js';
 import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
 import { readJsonFile } from './json-file.js';
+import { readLedgerParts } from './controller-files.js';
 import { collectBatch } from './rollout-batches.js';
 
 export const TRAINER_FILE = 'trainer.json';
@@ -160,11 +161,29 @@ export const TrainStepInputSchema = z.strictObject({
   expectedVersion: NonNegInt,
   /** The step this batch produces (the trainer's step + 1). */
   step: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
-  batch: TrainBatchSchema,
+  /** The batch itself, or `batchFiles`: the files its parts were written to (readTrainBatch reads them). */
+  batch: TrainBatchSchema.optional(),
+  batchFiles: z.array(z.string().min(1)).optional(),
   /** Dataloader cursor after this batch, kept with the state. */
   cursor: NonNegInt.optional(),
 });
 export type TrainStepInput = z.infer<typeof TrainStepInputSchema>;
+
+/**
+ * A step's batch from its input: inline, or read from the files its rollout shards wrote (the
+ * workflow sends files: a batch of thousands of rollouts is over what a payload should carry).
+ */
+export async function readTrainBatch(input: Pick<TrainStepInput, 'batch' | 'batchFiles'>): Promise<TrainBatch> {
+  if ((input.batch === undefined) === (input.batchFiles === undefined)) throw invariantFailure('trainStep: exactly one of batch and batchFiles is required');
+  if (input.batch) return input.batch;
+  const parts: unknown[] = [];
+  for (const file of input.batchFiles!) {
+    const read = await readJsonFile(file, TrainBatchSchema, (what) => invariantFailure(`batch part ${file}: ${what}`));
+    if (!read) throw invariantFailure(`batch part ${file} is missing`);
+    parts.push(...read.data);
+  }
+  return parts as TrainBatch;
+}
 
 function parseInput<S extends z.ZodType>(schema: S, input: unknown, what: string): z.infer<S> {
   const r = schema.safeParse(input);
@@ -483,7 +502,19 @@ export interface SaveTrainerCheckpointInput {
    * durable (controller.md §2.6 steps 2–3): a run lost between two activities left an anchor
    * without its marker, which a cold start must refuse.
    */
-  gymRestartFallback?: { topologyFingerprint: string; ledger: Record<string, unknown> | PackedJson };
+  gymRestartFallback?: { topologyFingerprint: string; ledger: Record<string, unknown> | PackedJson } | GymRestartFallbackParts;
+}
+
+/** The ledger of a fallback marker as its rollout shards wrote it: parts in `dir`, merged into the marker (with the run's cursor). */
+export interface GymRestartFallbackParts {
+  topologyFingerprint: string;
+  ledgerParts: { dir: string; files: string[] };
+}
+
+async function fallbackLedger(f: NonNullable<SaveTrainerCheckpointInput['gymRestartFallback']>, run: string, cursor: number): Promise<Record<string, unknown>> {
+  if ('ledger' in f) return unpacked(f.ledger) as Record<string, unknown>;
+  const merged = await readLedgerParts(f.ledgerParts.dir, f.ledgerParts.files);
+  return { ...merged, run, cursor };
 }
 
 export interface SavedTrainerCheckpoint {
@@ -508,9 +539,12 @@ export interface GymRestartFallback {
   base_train_step: number;
   trainer_version: number;
   gym_topology_fingerprint: string;
-  /** Plain as written; packed as read back (the plain ledger of thousands in flight is over a payload's limit). */
-  ledger: Record<string, unknown> | PackedJson;
+  /** As written; not read back into a workflow (each rollout shard loads its slice from the file). */
+  ledger: Record<string, unknown>;
 }
+
+/** The marker as `readGymRestartFallback` answers it: without the ledger, and where it is. */
+export type GymRestartFallbackInfo = Omit<GymRestartFallback, 'ledger'> & { file: string; cursor: number };
 
 export const GymRestartFallbackSchema = z.strictObject({
   schema_version: z.literal(GYM_RESTART_FALLBACK_SCHEMA_VERSION),
@@ -575,7 +609,7 @@ async function writeMarkerFile(
 export async function writeGymRestartFallbackMarker(input: SaveTrainerCheckpointInput & { trainerVersion: number }): Promise<{ path: string } | null> {
   const f = input.gymRestartFallback;
   if (!f) return null;
-  return writeMarkerFile(input.checkpointDir, input.step, input.trainerVersion, f.topologyFingerprint, unpacked(f.ledger) as Record<string, unknown>);
+  return writeMarkerFile(input.checkpointDir, input.step, input.trainerVersion, f.topologyFingerprint, await fallbackLedger(f, input.run, input.cursor));
 }
 
 export function createTrainerActivities(deps: TrainerDeps = {}) {
@@ -619,15 +653,16 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
   async function collectStep(input: TrainStepInput): Promise<TrainStepResult> {
     const start = Date.now();
     if (input.gymRunDir === undefined) throw invariantFailure('trainStep (trainer none): gymRunDir is required');
+    const batch = await storage('reading the batch', () => readTrainBatch(input));
     const out = await collectBatch({
       run: input.run,
       checkpointDir: input.checkpointDir,
       gymRunDir: input.gymRunDir,
       step: input.step,
       policyVersion: input.expectedVersion,
-      batch: input.batch,
+      batch,
     });
-    const live = input.batch.flatMap((g) => g.siblings).filter((x) => !x.mask);
+    const live = batch.flatMap((g) => g.siblings).filter((x) => !x.mask);
     return {
       version: input.expectedVersion,
       step: input.step,
@@ -644,7 +679,8 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     const input = parseInput(TrainStepInputSchema, rawInput, 'trainStep');
     if (input.trainer === 'none') return collectStep(input);
     if (input.trainer === 'external') throw notExternal();
-    const { run, checkpointDir, expectedVersion, step, batch } = input;
+    const { run, checkpointDir, expectedVersion, step } = input;
+    const batch = await storage('reading the batch', () => readTrainBatch(input));
     if (input.backendUrl === undefined) throw invariantFailure('trainStep (tiny_grpo): backendUrl is required');
     const backendUrl = input.backendUrl;
     const digest = sha256(canonicalJson({ run, expectedVersion, step, cursor: input.cursor ?? null, batch }));
@@ -721,7 +757,15 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
 
   async function saveTrainerCheckpoint(packedInput: SaveTrainerCheckpointInput): Promise<SavedTrainerCheckpoint> {
     const fallbackIn = packedInput.gymRestartFallback;
-    const input = fallbackIn ? { ...packedInput, gymRestartFallback: { ...fallbackIn, ledger: unpacked(fallbackIn.ledger) } } : packedInput;
+    const input = fallbackIn
+      ? {
+          ...packedInput,
+          gymRestartFallback: {
+            topologyFingerprint: fallbackIn.topologyFingerprint,
+            ledger: await storage('reading the fallback ledger parts', () => fallbackLedger(fallbackIn, packedInput.run, packedInput.cursor)),
+          },
+        }
+      : packedInput;
     const { run, checkpointDir, step, cursor, gymRestartFallback } = parseInput(
       z.strictObject({
         run: z.string().min(1),
@@ -808,7 +852,7 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
     });
   }
 
-  async function readGymRestartFallback(input: { checkpointDir: string; anchor: string }): Promise<GymRestartFallback | null> {
+  async function readGymRestartFallback(input: { checkpointDir: string; anchor: string }): Promise<GymRestartFallbackInfo | null> {
     const file = path.join(input.checkpointDir, input.anchor, GYM_RESTART_FALLBACK_FILE);
     return storage(`reading ${file}`, async () => {
       const read = await readJsonFile(file, GymRestartFallbackSchema, (what) => invariantFailure(`${path.dirname(file)}: ${what}`));
@@ -817,8 +861,10 @@ export function createTrainerActivities(deps: TrainerDeps = {}) {
       if (STEP_ANCHOR.test(input.anchor) && marker.base_train_step !== Number(input.anchor.slice(5))) {
         throw invariantFailure(`${file} names step ${marker.base_train_step}, not its anchor's`);
       }
-      // Packed: the plain ledger of thousands in flight is over one payload's limit.
-      return { ...marker, ledger: packJson(marker.ledger) };
+      // Without the ledger: each rollout shard loads its slice from the file (loadLedgerSlice).
+      const { ledger, ...info } = marker;
+      const cursor = typeof ledger.cursor === 'number' ? ledger.cursor : 0;
+      return { ...info, file, cursor };
     });
   }
 

@@ -202,7 +202,7 @@ async function main(): Promise<void> {
           run: i + 1,
           step: o.trigger === 'trainer_boundary' ? (step ?? '?') : `p${step ?? ''}`,
           trigger: o.trigger,
-          in_scope: o.scope?.length ?? 0,
+          in_scope: o.scopeCount ?? 0,
           anchor_s: anchor === null ? null : round3(anchor),
           prepare_s: round3(s.prepare ?? 0),
           commit_s: round3(s.commit ?? 0),

@@ -12,9 +12,14 @@
 // snapshots. Both run the very same rollouts (IDs, tasks and environments as the controller's
 // dataloader and ledger make them), so the model makes the same calls: between the phases every
 // rollout is forgotten in Gym and the backend's call log is cleared.
-// With --repeat 2 the phases run plain, controller, controller, plain (drift on a shared
-// machine cancels out). Reported: wall time per phase, rollouts/s, the ratio controller / plain
-// (medians), and where the CPU went (Temporal server, this process = driver or workers, Gym).
+// Floor: the same rollouts as the most trivial Temporal program runs them (bench/floor/): one
+// workflow per rollout with one activity, its `/run`, under the same dispatch rule — Temporal's own
+// cost, which the controller cannot go below.
+// With --repeat 2 the phases run plain, floor, controller, controller, floor, plain (drift on a
+// shared machine cancels out). Reported: wall time per phase, rollouts/s, the ratios controller /
+// plain and controller / floor (medians), the controller's CPU per rollout (Temporal server and
+// workers, beyond the plain driver's), and where the CPU went (Temporal server, this process =
+// driver or workers, Gym).
 // And where a rollout's time goes under the controller, from the histories of a sample of its
 // rollout workflows (child start, first task, task queue, the `/run` itself, the report) and of
 // the run (its workflow tasks: every dispatch and every report goes through them, one at a time).
@@ -37,6 +42,7 @@ import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { rolloutIdOf } from '../workflows/ledger.js';
 import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
 import { createControllerWorkers } from '../worker.js';
+import { floorDriver, startFloorWorkers } from './floor/driver.js';
 import { onExit } from './lib/cleanup.js';
 import { eventMs, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
@@ -285,8 +291,18 @@ async function main(): Promise<void> {
   const rows: Row[] = [];
   const lifecycles: Lifecycle[] = [];
   const problems: string[] = [];
-  const order: Array<'plain' | 'controller'> = [];
-  for (let r = 0; r < repeat; r++) order.push(...(r % 2 === 0 ? (['plain', 'controller'] as const) : (['controller', 'plain'] as const)));
+  const order: Array<'plain' | 'floor' | 'controller'> = [];
+  for (let r = 0; r < repeat; r++) order.push(...(r % 2 === 0 ? (['plain', 'floor', 'controller'] as const) : (['controller', 'floor', 'plain'] as const)));
+  const floorWorkers = await startFloorWorkers(server.address, TOKEN);
+  const floorGroups = planned.map((g) =>
+    g.siblings.map((sib) => ({
+      run: cfg.run.name,
+      environment: g.environment,
+      environmentUrl: endpoints[g.environment]!.url,
+      episode: { rollout_id: sib.rollout_id, attempt: 0 },
+      task: sib.task,
+    })),
+  );
   // Warm-up, not reported: a few groups each way (JIT of every server, the workers' first
   // workflow and activity tasks), under another run name.
   const warmCfg = RunConfigSchema.parse({
@@ -297,6 +313,17 @@ async function main(): Promise<void> {
   const warm = await plannedGroups(warmCfg, warmCfg.grpo.num_prompts_per_step);
   const warmIds = warm.flatMap((g) => g.siblings.map((s) => s.rollout_id));
   await plainDriver(endpoints, warm, inFlight);
+  await cleanSlate(warmIds);
+  const warmFloor = warm.map((g) =>
+    g.siblings.map((sib) => ({
+      run: 'overhead-warm',
+      environment: g.environment,
+      environmentUrl: endpoints[g.environment]!.url,
+      episode: { rollout_id: sib.rollout_id, attempt: 0 },
+      task: sib.task,
+    })),
+  );
+  await floorDriver(client, floorWorkers, warmFloor, inFlight);
   await cleanSlate(warmIds);
   await (await startRun(client, warmCfg)).result();
   await cleanSlate(warmIds);
@@ -309,7 +336,16 @@ async function main(): Promise<void> {
     let extra: Row = {};
     let tEnd: number | undefined;
     let after: CpuMark | undefined;
-    if (phase === 'plain') {
+    if (phase === 'floor') {
+      completed = await floorDriver(
+        client,
+        floorWorkers,
+        floorGroups.map((g) => g.map((s) => ({ ...s, run: `floor-${i}` }))),
+        inFlight,
+      );
+      tEnd = performance.now();
+      after = await cpuMark(server, runDir);
+    } else if (phase === 'plain') {
       const replies = await plainDriver(endpoints, planned, inFlight);
       for (const rep of replies) {
         if (!(rep instanceof Error) && rep.status === 200 && rep.body?.result) {
@@ -360,9 +396,19 @@ async function main(): Promise<void> {
   const wallOf = (p: string): number => median(rows.filter((r) => r.phase === p).map((r) => Number(r.wall_s)));
   const plainS = wallOf('plain');
   const controllerS = wallOf('controller');
+  const floorS = wallOf('floor');
   const ratio = controllerS / plainS;
+  const floorRatio = controllerS / floorS;
   const ctl = rows.filter((r) => r.phase === 'controller');
   const plain = rows.filter((r) => r.phase === 'plain');
+  const floor = rows.filter((r) => r.phase === 'floor');
+  /** Temporal server + this process beyond the plain driver's, per rollout (ms). */
+  const cpuMsPerRollout = (phaseRows: Row[]): number =>
+    ((median(phaseRows.map((r) => Number(r.temporal_cpu_s))) +
+      median(phaseRows.map((r) => Number(r.process_cpu_s))) -
+      median(plain.map((r) => Number(r.process_cpu_s)))) *
+      1000) /
+    rollouts;
   const temporalShare = median(ctl.map((r) => Number(r.temporal_cpu_share)));
   // The controller's extra CPU in this process (workflow + activity workers vs the plain driver).
   const workerExtra = median(ctl.map((r) => Number(r.process_cpu_s))) - median(plain.map((r) => Number(r.process_cpu_s)));
@@ -374,8 +420,9 @@ async function main(): Promise<void> {
   // Of a rollout's time under the controller, the part that is not its `/run`.
   const temporalTimeShare = life && life.total_s > 0 ? 1 - life.run_s / life.total_s : null;
   console.log(
-    `\nratio controller / plain (wall, median): ${round3(ratio)}  —  Temporal server: ${round3(temporalShare * 100)} % of all CPU in the ` +
-      `controller phase; workers: +${round3(workerExtra)} CPU s over the plain driver`,
+    `\nratio controller / plain (wall, median): ${round3(ratio)}; controller / floor: ${round3(floorRatio)} (floor ${round3(floorS)} s)  —  ` +
+      `controller CPU ${round3(cpuMsPerRollout(ctl))} ms per rollout (floor ${round3(cpuMsPerRollout(floor))} ms); Temporal server: ` +
+      `${round3(temporalShare * 100)} % of all CPU in the controller phase; workers: +${round3(workerExtra)} CPU s over the plain driver`,
   );
   // Longer rollouts are another configuration: kept apart from the default's result.
   const file = writeBenchResult(
@@ -384,7 +431,11 @@ async function main(): Promise<void> {
       rollouts,
       token_delay_ms: tokenDelayMs,
       ratio: round3(ratio),
+      floor_ratio: round3(floorRatio),
+      controller_cpu_ms_per_rollout: round3(cpuMsPerRollout(ctl)),
+      floor_cpu_ms_per_rollout: round3(cpuMsPerRollout(floor)),
       plain_s: round3(plainS),
+      floor_s: round3(floorS),
       controller_s: round3(controllerS),
       plain_rollouts_per_s: round3(rollouts / plainS),
       controller_rollouts_per_s: round3(rollouts / controllerS),
@@ -396,6 +447,7 @@ async function main(): Promise<void> {
   );
   console.log(`wrote ${file}`);
 
+  await floorWorkers.stop();
   await connection.close();
   await workers.shutdown();
   await running;

@@ -100,7 +100,7 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
   const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
-    exported: outcome.scope?.length ?? 0,
+    exported: outcome.scopeCount ?? 0,
     prepare_s: round3(outcome.seconds.prepare ?? 0),
     commit_s: round3(outcome.seconds.commit ?? 0),
     ledger_cut_s: round3(outcome.seconds.ledger_cut ?? 0),

@@ -93,6 +93,8 @@ export interface GymCommitOutcome {
   checkpointId: string;
   /** server name → what it committed (its episode IDs are in the commit file). */
   participants: Record<string, GymParticipantCommitSummary | GymParticipantCommit>;
+  /** Episodes in the scope the commit sent (the keys are in the commit file). */
+  scopeCount: number;
   /** Scope episodes no environment server committed (they finished before the cut): usually none. */
   uncommitted: CaptureKey[];
   seconds: number;
@@ -100,8 +102,11 @@ export interface GymCommitOutcome {
 
 export interface GymRestoreOutcome {
   restoreId: string;
-  /** server name → replacement capture keys it installed. */
+  /** server name → replacement capture keys it installed (empty when they went to the recovery's directory). */
   restored: Record<string, CaptureKey[]>;
+  /** server name → how many it installed, when the keys went to the recovery's directory. */
+  restoredCounts?: Record<string, number>;
+  scopeCount?: number;
   seconds: number;
 }
 
@@ -172,9 +177,76 @@ export interface SnapshotManifest {
     restarts: CaptureKey[];
     participants: Record<string, GymParticipantCommit>;
   };
-  ledger_sha256: string;
-  ledger_bytes: number;
+  /** The controller's ledger at the cut: one part per rollout shard (`controller/ledger-<k>.json`). */
+  ledger_parts: FileDigest[];
   created_at: string;
+}
+
+/** A file of a snapshot (path relative to its directory) with its digest. */
+export interface FileDigest {
+  file: string;
+  sha256: string;
+  bytes: number;
+}
+
+// --- the controller's files -----------------------------------------------------------------
+// Per-rollout lists (the episodes in flight, a ledger slice, a restore's scope, a step's batch)
+// never travel through a workflow: at 16,000 rollouts in flight each is ~1 MB, far over what one
+// payload or one workflow's state should carry. The rollout shards write their part of each into
+// a file; activities read the parts; workflows pass paths and counts.
+
+/** The rollout shard that owns a prompt group (every attempt of a group): FNV-1a of its ID. */
+export function shardOf(groupId: string, shards: number): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < groupId.length; i++) {
+    h ^= groupId.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h % shards;
+}
+
+/** The group of a rollout ID (`<group>.g<k>`). */
+export function groupOfRollout(rolloutId: string): string {
+  return rolloutId.slice(0, rolloutId.lastIndexOf('.g'));
+}
+
+/** In a temp snapshot: a shard's episodes in flight when admission closed (the scope's candidates). */
+export function candidatesFile(shard: number): string {
+  return `controller/candidates-${shard}.json`;
+}
+
+/** In a snapshot: a shard's ledger part. */
+export function ledgerPartFile(shard: number): string {
+  return `controller/ledger-${shard}.json`;
+}
+
+/** A shard's candidates: `[rollout_id, attempt]` pairs. */
+export interface CandidatesFile {
+  shard: number;
+  episodes: Array<[string, number]>;
+}
+
+/** Where a recovery's files go: `<checkpoint_dir>/recoveries/<restore id>/`. */
+export function recoveryDir(checkpointDir: string, restoreId: string): string {
+  return `${checkpointDir}/recoveries/${restoreId}`;
+}
+
+/** In a recovery's directory: a shard's part of the restore scope, `[rollout_id, attempt, environment]`. */
+export function scopePartFile(shard: number): string {
+  return `scope-${shard}.json`;
+}
+
+/** In a recovery's directory: what the restore installed (server name → replacement capture keys). */
+export const RESTORED_FILE = 'restored.json';
+
+/** A training step's batch parts: `<checkpoint_dir>/batches/step_<s>/part-<k>.json`. */
+export function batchPartFile(checkpointDir: string, step: number, shard: number): string {
+  return `${checkpointDir}/batches/step_${step}/part-${shard}.json`;
+}
+
+/** Where a trainer anchor's Gym-restart fallback ledger parts wait until the anchor is durable. */
+export function fallbackPartsDir(checkpointDir: string, step: number): string {
+  return `${checkpointDir}/fallback-parts/step_${step}`;
 }
 
 /**
@@ -201,6 +273,8 @@ export type CheckpointReason =
   | 'release_pending';
 
 export interface CheckpointStageSeconds {
+  /** The shards writing their episodes in flight (the scope's candidates). */
+  candidates?: number;
   prepare?: number;
   commit?: number;
   ledger_cut?: number;
@@ -241,6 +315,8 @@ export interface CheckpointOutcome {
   error?: string;
   seconds: CheckpointStageSeconds;
   at: string;
+  /** When the attempt reopened admission in the rollout shards (epoch ms of its workflow clock). */
+  releasedAtMs?: number;
 }
 
 /** Application failure types the activities raise (the type is what workflows branch on). */

@@ -32,3 +32,16 @@ export function decodeEpisodeId(v: unknown): EpisodeId | undefined {
 export function captureKey(e: EpisodeId): CaptureKey {
   return e.attempt === 0 ? e.rollout_id : `${e.rollout_id}-a${e.attempt}`;
 }
+
+/** Decodes exactly one suffix; the remainder must itself be a valid rollout ID (§2.2). */
+export function parseCaptureKey(key: string): EpisodeId | undefined {
+  const m = RESERVED_SUFFIX.exec(key);
+  let rollout = key;
+  let attempt = 0;
+  if (m) {
+    rollout = key.slice(0, m.index);
+    attempt = Number(m[1]);
+    if (!Number.isSafeInteger(attempt)) return undefined;
+  }
+  return isValidRolloutId(rollout) ? { rollout_id: rollout, attempt } : undefined;
+}

@@ -1,9 +1,9 @@
 // Identity on the wire (control-plane.md §2): rollout IDs, EpisodeIds, capture keys and the
 // `/ng-rollout/<key>` data-plane prefix. Checkpoint IDs and path components (§4, §9.1).
 import { z } from 'zod';
-import { ID_PATTERN, RESERVED_SUFFIX, decodeEpisodeId, isValidRolloutId, type CaptureKey, type EpisodeId } from './episode-id.js';
+import { ID_PATTERN, RESERVED_SUFFIX, decodeEpisodeId, parseCaptureKey, type CaptureKey, type EpisodeId } from './episode-id.js';
 
-export { ID_PATTERN, captureKey, decodeEpisodeId, isValidRolloutId, type CaptureKey, type EpisodeId } from './episode-id.js';
+export { ID_PATTERN, captureKey, decodeEpisodeId, isValidRolloutId, parseCaptureKey, type CaptureKey, type EpisodeId } from './episode-id.js';
 
 export const RolloutIdSchema = z
   .string()
@@ -51,19 +51,6 @@ function listWithFastPath<T>(fast: (item: unknown) => T | undefined, schema: z.Z
  */
 export function episodeIdList(min = 0) {
   return listWithFastPath(decodeEpisodeId, EpisodeIdSchema, min);
-}
-
-/** Decodes exactly one suffix; the remainder must itself be a valid rollout ID (§2.2). */
-export function parseCaptureKey(key: string): EpisodeId | undefined {
-  const m = RESERVED_SUFFIX.exec(key);
-  let rollout = key;
-  let attempt = 0;
-  if (m) {
-    rollout = key.slice(0, m.index);
-    attempt = Number(m[1]);
-    if (!Number.isSafeInteger(attempt)) return undefined;
-  }
-  return isValidRolloutId(rollout) ? { rollout_id: rollout, attempt } : undefined;
 }
 
 export const CaptureKeySchema = z.string().refine((k) => parseCaptureKey(k) !== undefined, 'not a valid capture key');

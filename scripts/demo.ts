@@ -171,7 +171,7 @@ async function main(): Promise<void> {
 
   // --- the summary ------------------------------------------------------------------------------
   const calls = (await (await fetch(`${backend}/_ctl/calls`)).json()) as Array<{ capture_key: string; returned?: boolean }>;
-  const continuedKeys = summary.recoveries.flatMap((r) => r.continued);
+  const continuedKeys = summary.recoveries.flatMap((r) => r.continuedSample);
   let savedCalls = 0;
   for (const key of continuedKeys) {
     const m = /^(.*)-a(\d+)$/.exec(key);
@@ -199,12 +199,12 @@ async function main(): Promise<void> {
     checkpoint_failure_reasons: failed.map((c) => c.reason),
     gym_crashes: 1,
     worker_crashes: 1,
-    episodes_continued: continuedKeys.length,
-    episodes_restarted: summary.recoveries.reduce((n, r) => n + r.restarted.length, 0),
+    episodes_continued: summary.recoveries.reduce((n, r) => n + r.continued, 0),
+    episodes_restarted: summary.recoveries.reduce((n, r) => n + r.restarted, 0),
     model_calls_saved_by_continuing: savedCalls,
     rollouts_completed: summary.completedRollouts,
     duplicate_completions: duplicates,
-    recoveries: summary.recoveries.map((r) => ({ continued: r.continued.length, restarted: r.restarted.length, ...(r.error ? { error: r.error } : {}) })),
+    recoveries: summary.recoveries.map((r) => ({ continued: r.continued, restarted: r.restarted, ...(r.error ? { error: r.error } : {}) })),
     temporal_ui: ui,
   };
   writeFileSync(join(demoDir, 'summary.json'), `${JSON.stringify(out, null, 2)}\n`);

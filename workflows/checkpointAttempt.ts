@@ -1,39 +1,43 @@
 // One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
 // of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
-//   prepare → commit → ledger cut (by the run) → manifest → validate → publish → resume (retention: the run)
-// A failure before publish aborts (resume with the same ID) and keeps the previous snapshot
-// authoritative; a publish whose resume fails is `published_release_pending`.
+//   candidates (shards) → prepare → commit ‖ ledger cut (shards) → manifest → validate → publish → resume
+// The run has closed admission in every shard before it starts this. A failure before publish
+// aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
+// resume fails is `published_release_pending`. Retention is the run's.
+import { ApplicationFailure, getExternalWorkflowHandle, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
 import {
-  ApplicationFailure,
-  condition,
-  getExternalWorkflowHandle,
-  setCurrentDetails,
-  setHandler,
-  upsertMemo,
-} from '@temporalio/workflow';
-import type {
-  CheckpointOutcome,
-  CheckpointReason,
-  CheckpointStageSeconds,
-  CheckpointTrigger,
-  GymCommitOutcome,
-  GymTopology,
-  SnapshotLocation,
-  SnapshotManifestSlim,
+  groupOfRollout,
+  shardOf,
+  type CheckpointOutcome,
+  type CheckpointReason,
+  type CheckpointStageSeconds,
+  type CheckpointTrigger,
+  type FileDigest,
+  type GymCommitOutcome,
+  type GymTopology,
+  type SnapshotLocation,
+  type SnapshotManifestSlim,
 } from '../protocol/controller.js';
-import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
+import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
 import { controlActivities, controlLocalActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
 import { describeFailure, failureType, unreachableServers } from './failures.js';
-import { checkpointCommitted, checkpointPrepared, earlyLedgerCutWritten, ledgerCutWritten, type LedgerCutWritten } from './messages.js';
+import { HOLDERS, releasedHolds, setHolds, type Holds, type ShardAnswer } from './messages.js';
+import { ShardAsker, allShards } from './shard-asker.js';
+import { shardWorkflowId } from './shard-id.js';
 
 export interface CheckpointAttemptInput {
   run: string;
-  runWorkflowId: string;
   checkpointId: string;
   trigger: CheckpointTrigger;
   topology: GymTopology;
-  /** Episodes the controller has in flight (dispatched, `/run` not replied yet). */
-  inFlight: EpisodeId[];
+  /** The run's rollout shards (each writes its candidates and its ledger part). */
+  shards: number;
+  /** The holds the run set in the shards for this checkpoint: released by the attempt as soon as Gym resumes. */
+  holds: Holds;
+  /** The run's side of the cut, frozen while admission is closed. */
+  cut: { dataloaderCursor: number; baseTrainStep: number; trainerVersion: number };
+  /** How long a shard waits for results already on the wire before it cuts again (`controller.late_result_wait_ms`). */
+  lateResultWaitMs: number;
   checkpointDir: string;
   anchor: string;
   prepareTimeoutS: number;
@@ -60,27 +64,22 @@ class AttemptFailed extends Error {
   }
 }
 
-
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
   const placement = { taskQueue: input.controlTaskQueue, scheduleToStartTimeoutS: input.scheduleToStartTimeoutS };
   const control = controlActivities(placement);
   const storage = storageActivities(placement);
   // Allocation, the restart check and publication are short file or status reads: local
   // activities in this worker, so neither a server round trip and workflow task each nor
-  // publication's input (the scope's keys) lands in the history while admission is closed.
+  // publication's input lands in the history while admission is closed.
   const files = storageLocalActivities();
   const discovery = controlLocalActivities();
   const id = input.checkpointId;
+  let asked = 0;
+  const shards = new ShardAsker(input.run, () => ++asked, checkpointWorkflowId(input.run, id), id);
+  const everyShard = allShards(input.shards);
+  const shardTimeoutMs = Math.max(30, input.prepareTimeoutS) * 1000;
   const seconds: CheckpointStageSeconds = {};
   const t0 = Date.now();
-  let cut: LedgerCutWritten | undefined;
-  setHandler(ledgerCutWritten, (c) => {
-    if (c.checkpointId === id) cut = c;
-  });
-  let earlyCut: LedgerCutWritten | undefined;
-  setHandler(earlyLedgerCutWritten, (c) => {
-    if (c.checkpointId === id) earlyCut = c;
-  });
   const stage = async (name: string): Promise<void> => {
     setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\` of run \`${input.run}\`\n\nstage: **${name}**`);
     await upsertMemo({ stage: name });
@@ -105,12 +104,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let location: SnapshotLocation | undefined;
   let prepared = false;
   let commit: GymCommitOutcome | undefined;
-  let scope: EpisodeId[] = [];
-  let restarts: string[] = [];
+  let restarts: CaptureKey[] = [];
   try {
-    // Allocation and the restart check side by side: admission is already closed. A participant
-    // that restarted fresh holds none of the episodes the controller has in flight: a snapshot now
-    // would publish a cut that continues nothing. Recover first.
+    // Allocation, the restart check and the shards' candidates side by side: admission is already
+    // closed. A participant that restarted fresh holds none of the episodes in flight: a snapshot
+    // now would publish a cut that continues nothing. Recover first.
     await stage('allocate');
     const [allocated, now] = await Promise.all([
       files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
@@ -121,10 +119,14 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       }),
     ]);
     location = allocated;
-    const restarted = Object.entries(input.topology.instances ?? {}).filter(([name, id]) => now.instances[name] !== id).map(([name]) => name);
-    if (restarted.length > 0) {
-      throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
-    }
+    const restarted = Object.entries(input.topology.instances ?? {})
+      .filter(([name, instance]) => now.instances[name] !== instance)
+      .map(([name]) => name);
+    if (restarted.length > 0) throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
+    const tmpDir = location.tmpDir;
+    // The shards dispatch nothing more (the run waited until each had the hold): they write their
+    // candidates while Gym prepares.
+    const candidates = timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir }), shardTimeoutMs));
 
     await stage('prepare');
     // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
@@ -132,52 +134,35 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // exit aborts or releases it (a resume where prepare never arrived only fences the ID).
     prepared = true;
     const prep = await timed('prepare', () =>
-      gymCall(() =>
-        control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [
-          { topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS },
-        ]),
-      ),
+      gymCall(() => control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [{ topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS }])),
     );
-    if (!prep.prepared) {
-      throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
-    }
+    if (!prep.prepared) throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     restarts = prep.restarts;
-    const restartSet = new Set(prep.restarts);
-    scope = input.inFlight.filter((e) => !restartSet.has(captureKey(e)));
-    // Gym is frozen: the run writes its ledger cut while Gym commits (usually the final one).
-    // Not awaited: an awaited signal costs a workflow task of its own while admission is closed.
-    // Best effort like the early cut itself: without it the run cuts after the commit.
-    void getExternalWorkflowHandle(input.runWorkflowId)
-      .signal(checkpointPrepared, { checkpointId: id, tmpDir: location.tmpDir })
-      .catch(() => undefined);
+    requireAnswers('candidates', await candidates);
 
+    // Gym is frozen: the shards write their ledger parts while Gym commits.
     await stage('commit');
+    const cut = timed('ledger_cut', () => shards.ask(everyShard, () => ({ kind: 'cut', tmpDir }), shardTimeoutMs));
     commit = await timed('commit', () =>
       gymCall(() =>
-        control.gymCommit.executeWithOptions({ summary: `commit ${id} (${scope.length} episodes)` }, [
-          { topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS, checkpointDir: location!.tmpDir, scope },
+        control.gymCommit.executeWithOptions({ summary: `commit ${id}` }, [
+          { topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS, checkpointDir: tmpDir, scope: { shards: input.shards, restarts } },
         ]),
       ),
     );
     checkCommitInvariants(input, commit);
+    const parts = new Map(requireAnswers('ledger cut', await cut).map((a) => [a.shard, a.part!]));
 
-    await stage('ledger cut');
-    // In flight at the start, neither committed nor a restart: scope episodes no environment committed.
-    const unsettled = commit.uncommitted;
-    // Nothing unsettled (the usual case): the early cut stands whatever the run would answer, so
-    // the attempt publishes with it and says so (`takesEarlyCut`); the run then sends no
-    // confirmation, which would reach this workflow as it completes and cost another task.
-    const early = unsettled.length === 0;
-    let untold: unknown;
-    // Waiting for the cut, not for the signal's delivery; a signal that fails ends the wait.
-    void getExternalWorkflowHandle(input.runWorkflowId)
-      .signal(checkpointCommitted, { checkpointId: id, tmpDir: location.tmpDir, unsettled, ...(early ? { takesEarlyCut: true } : {}) })
-      .catch((err: unknown) => (untold = err ?? new Error('signal failed')));
-    const usable = (): LedgerCutWritten | undefined => cut ?? (early ? earlyCut : undefined);
-    const gotCut = await timed('ledger_cut', () => condition(() => usable() !== undefined || untold !== undefined, `${Math.max(30, input.prepareTimeoutS)} seconds`));
-    cut = usable();
-    if (untold !== undefined && cut === undefined) throw untold;
-    if (!gotCut || !cut) throw new AttemptFailed('timeout', 'the run did not write its ledger cut in time');
+    // Episodes in flight at the start that no environment committed: their `/run` replies are on
+    // the wire. Their shards cut again once they have them (or after a short wait).
+    const unsettled = unsettledByShard(commit.uncommitted, input.shards);
+    if (unsettled.size > 0) {
+      await stage('ledger cut');
+      const again = await timed('ledger_cut', () =>
+        shards.ask([...unsettled.keys()], (k) => ({ kind: 'recut', tmpDir, unsettled: unsettled.get(k)!, waitMs: input.lateResultWaitMs }), shardTimeoutMs),
+      );
+      for (const a of requireAnswers('ledger cut', again)) parts.set(a.shard, a.part!);
+    }
 
     await stage('publish');
     const manifest: SnapshotManifestSlim = {
@@ -186,14 +171,13 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       run: input.run,
       checkpoint_id: id,
       sequence: location.sequence,
-      base_train_step: cut.baseTrainStep,
-      trainer_version: cut.trainerVersion,
-      dataloader_cursor: cut.dataloaderCursor,
+      base_train_step: input.cut.baseTrainStep,
+      trainer_version: input.cut.trainerVersion,
+      dataloader_cursor: input.cut.dataloaderCursor,
       gym_topology_fingerprint: input.topology.fingerprint,
-      // Each participant's episode list is completed from the commit file when it finalizes.
-      gym_checkpoint: { scope: scope.map(captureKey), restarts, participants: commit.participants },
-      ledger_sha256: cut.sha256,
-      ledger_bytes: cut.bytes,
+      // The scope and each participant's episode list are completed from the commit file.
+      gym_checkpoint: { restarts, participants: commit.participants },
+      ledger_parts: everyShard.map((k): FileDigest => parts.get(k)!),
       created_at: new Date().toISOString(),
     };
     await timed('publish', () => files.finalizeSnapshot({ location: location!, manifest, fingerprint: input.topology.fingerprint }));
@@ -209,15 +193,17 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       await stage('abort');
       abortPending = !(await resumeGym(control, input, seconds));
     }
+    const releasedAtMs = abortPending ? undefined : await releaseShards(input);
     return finish({
+      ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
       outcome: 'failed',
       reason,
       error: message,
       abortPending,
       gymRestarted,
       ...(gymUnreachable ? { gymUnreachable } : {}),
-      scope: scope.map(captureKey),
-      restarts,
+      ...(commit ? { scopeCount: commit.scopeCount } : {}),
+      restartCount: restarts.length,
     });
   }
 
@@ -225,24 +211,62 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   // snapshots) is the run's, once it has the outcome and admission is open again.
   await stage('resume');
   const released = await resumeGym(control, input, seconds);
+  const releasedAtMs = released ? await releaseShards(input) : undefined;
   return finish({
+    ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',
     releasePending: !released,
     snapshotDir: location.finalDir,
     sequence: location.sequence,
-    scope: scope.map(captureKey),
-    restarts,
+    scopeCount: commit.scopeCount,
+    restartCount: restarts.length,
   });
+}
+
+export function checkpointWorkflowId(run: string, checkpointId: string): string {
+  return `${run}/checkpoint/${checkpointId}`;
+}
+
+/**
+ * Gym resumed: the shards may dispatch again at once, not one round trip through the run later. The
+ * run adopts the same holds when it has the outcome (it changes none while the attempt runs).
+ */
+async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
+  const holds = releasedHolds(input.holds, HOLDERS.checkpoint);
+  const at = Date.now();
+  await Promise.all(
+    allShards(input.shards).map((k) =>
+      getExternalWorkflowHandle(shardWorkflowId(input.run, k))
+        .signal(setHolds, holds)
+        .catch(() => undefined),
+    ),
+  );
+  return at;
+}
+
+/** Every shard answered without an error, or the attempt fails (a shard's part is missing from the cut). */
+function requireAnswers(what: string, answers: ShardAnswer[]): ShardAnswer[] {
+  const failed = answers.filter((a) => a.error !== undefined);
+  if (failed.length > 0) throw new AttemptFailed('timeout', `${what}: ${failed.map((a) => `shard ${a.shard}: ${a.error}`).join('; ').slice(0, 500)}`);
+  return answers;
+}
+
+/** The uncommitted capture keys by the shard that owns them. */
+function unsettledByShard(keys: readonly CaptureKey[], shards: number): Map<number, CaptureKey[]> {
+  const out = new Map<number, CaptureKey[]>();
+  for (const key of keys) {
+    const k = shardOf(groupOfRollout(parseCaptureKey(key)?.rollout_id ?? key), shards);
+    out.set(k, [...(out.get(k) ?? []), key]);
+  }
+  return out;
 }
 
 /** Resume (release or abort) with the same ID; false when it failed (pending, retried later). */
 async function resumeGym(control: ReturnType<typeof controlActivities>, input: CheckpointAttemptInput, seconds: CheckpointStageSeconds): Promise<boolean> {
   const s = Date.now();
   try {
-    await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [
-      { topology: input.topology, checkpointId: input.checkpointId, timeoutS: input.prepareTimeoutS },
-    ]);
+    await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [{ topology: input.topology, checkpointId: input.checkpointId, timeoutS: input.prepareTimeoutS }]);
     return true;
   } catch {
     return false;
@@ -285,13 +309,6 @@ function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitO
   }
 }
 
-
-
 function classify(err: unknown): CheckpointReason {
-  const type = failureType(err);
-  return type === 'invariant_error' ? 'invariant_error' : 'io_error';
-}
-
-export function checkpointWorkflowId(run: string, checkpointId: string): string {
-  return `${run}/checkpoint/${checkpointId}`;
+  return failureType(err) === 'invariant_error' ? 'invariant_error' : 'io_error';
 }

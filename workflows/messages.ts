@@ -1,81 +1,141 @@
-// Signals, queries and updates between the client, the training run and its children.
+// Signals, queries and updates between the client, the training run, its rollout shards, its
+// checkpoint attempts and the rollout attempts.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
+import type { CheckpointOutcome, FileDigest, GymTopology, RolloutReport } from '../protocol/controller.js';
 import type { CaptureKey } from '../protocol/episode-id.js';
-import type { CheckpointOutcome, GymTopology, RolloutReport } from '../protocol/controller.js';
-import type { RolloutAttemptInput } from './rolloutAttempt.js';
+import type { ReserveInput } from './ledger.js';
+
+// --- rollout attempt ↔ its shard -------------------------------------------------------------
 
 /** A rollout attempt → its shard (by workflow ID, so it reaches the shard's current run after continue-as-new). */
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
-/** A rollout shard → the training run: the reports of its attempts, in batches. */
-export const rolloutsFinished = defineSignal<[RolloutReport[]]>('rolloutsFinished');
-
-/** What a shard needs to start one rollout attempt (the rest is the same for all: its input). */
-export type AttemptStart = Pick<RolloutAttemptInput, 'episode' | 'environment' | 'environmentUrl' | 'expectedInstance' | 'task' | 'taskRef'> & {
-  summary: string;
-  details: string;
-};
-export interface AttemptStarts {
-  attempts: AttemptStart[];
-  /** The participants, which each attempt retires itself from (as discovered last). */
-  topology: GymTopology;
-}
-/** The run → one rollout shard: start these attempts (already in the run's ledger as dispatched). */
-export const startAttempts = defineSignal<[AttemptStarts]>('startAttempts');
-/** The run → its rollout shards: the run ends; report what is left and stop. */
-export const closeShard = defineSignal('closeShard');
-/** The run → one rollout attempt: its deadline ran out (clocks are kept by the run). */
+/** A shard → one of its rollout attempts: its deadline ran out (the shard keeps the clock). */
 export const deadlineExpired = defineSignal('deadlineExpired');
 /**
- * The run → one rollout attempt: stop now and report, for `reason` (its cohort starts over
+ * A shard → one of its rollout attempts: stop now and report, for `reason` (its cohort starts over
  * without it). Like a deadline: the `/run` is cancelled and the attempt retired everywhere first.
  */
 export const stopAttempt = defineSignal<[reason: string]>('stopAttempt');
 
-export interface CheckpointCommitted {
-  checkpointId: string;
-  tmpDir: string;
-  /**
-   * Episodes the run had in flight at the checkpoint's start that Gym neither committed nor
-   * reported as restarts: their `/run` replies may still be on the wire. Only these, not the
-   * committed keys: at 8,000 in flight the full lists made this signal ~0.5 MB of history.
-   */
-  unsettled: CaptureKey[];
-  /**
-   * The attempt publishes with the run's early cut (`earlyLedgerCutWritten`, nothing unsettled):
-   * the run need not confirm it. A confirmation that reached an attempt completing its workflow
-   * failed that workflow task (a new event) and cost another (~60 ms at 8,000 in flight).
-   */
-  takesEarlyCut?: boolean;
+// --- the run → its shards ----------------------------------------------------------------------
+
+/** New prompt groups for a shard to own: it reserves, dispatches, retries and seals their attempts. */
+export interface AssignGroups {
+  groups: ReserveInput[];
+  /** The Gym as last discovered: environment URLs, process identities, the participants. */
+  topology: GymTopology;
+}
+export const assignGroups = defineSignal<[AssignGroups]>('assignGroups');
+
+/**
+ * Who holds admission and who holds the deadline clocks, as a whole (`seq` increases): a shard
+ * dispatches only while `admission` is empty and counts ticks only while `deadlines` is. Sent as
+ * the full set so signals that arrive out of order or twice cannot leave a stale hold.
+ */
+export interface Holds {
+  seq: number;
+  admission: string[];
+  deadlines: string[];
+}
+export const setHolds = defineSignal<[Holds]>('setHolds');
+
+/** The run's holders: a checkpoint attempt and a pending release/abort, a Gym recovery, a training step, pause, stop. */
+export const HOLDERS = {
+  checkpoint: 'gym-checkpoint',
+  recovery: 'gym-recovery',
+  weightSync: 'weight-sync',
+  paused: 'paused',
+  stopping: 'stopping',
+} as const;
+
+/** The holds with `holder` released (the next sequence number). */
+export function releasedHolds(h: Holds, holder: string): Holds {
+  return { seq: h.seq + 1, admission: h.admission.filter((x) => x !== holder), deadlines: h.deadlines.filter((x) => x !== holder) };
 }
 
-export interface LedgerCutWritten {
-  checkpointId: string;
-  sha256: string;
-  bytes: number;
-  dataloaderCursor: number;
-  baseTrainStep: number;
-  trainerVersion: number;
+/** Holds under which Gym is mid-checkpoint or mid-recovery: no `forget` goes out then. */
+export function gymBusy(h: Holds): boolean {
+  return h.admission.includes(HOLDERS.checkpoint) || h.admission.includes(HOLDERS.recovery);
 }
-export interface CheckpointPrepared {
-  checkpointId: string;
-  tmpDir: string;
+
+/** The run → its shards: the run ends; report what is left, forget what is done, and stop. */
+export const closeShard = defineSignal('closeShard');
+
+/**
+ * A request to a shard (from the run or a checkpoint attempt), answered once with `shardAnswer`
+ * to `replyTo` (a workflow ID). One request/answer pair for every exchange that needs every
+ * shard's part: the cut of a checkpoint, a recovery's steps, a training step's batch.
+ */
+export type ShardRequest = { id: string; replyTo: string } & (
+  /** Stop dispatching was asked by `setHolds`; write the episodes in flight (the scope's candidates). */
+  | { kind: 'candidates'; tmpDir: string }
+  /** Write the ledger part into the temp snapshot (after Gym is prepared). */
+  | { kind: 'cut'; tmpDir: string }
+  /** Gym did not commit these of the shard's candidates: wait briefly for their reports, then cut again. */
+  | { kind: 'recut'; tmpDir: string; unsettled: CaptureKey[]; waitMs: number }
+  /** Answer once no attempt of the shard is in flight (a recovery lets them report first). */
+  | { kind: 'drain' }
+  /** Plan the shard's part of a restore from the last snapshot (or from `cold` start) into `dir`. */
+  | { kind: 'planRestore'; snapshotDir: string | null; dir: string }
+  /** Settle the shard's siblings after a restore (`dir` holds what it installed) and retire dead attempts. */
+  | { kind: 'settleRecovery'; dir: string; restoreFailed: boolean; cold: boolean; topology: GymTopology }
+  /** Hand over these sealed groups (by dataset position) for training step `step`: their batch part (when `batchFile`), then drop them. */
+  | { kind: 'consume'; step: number; groups: number[]; batchFile: string | null }
+  /** Write the ledger part into a trainer anchor's fallback parts directory. */
+  | { kind: 'ledgerPart'; dir: string }
+);
+export const shardRequest = defineSignal<[ShardRequest]>('shardRequest');
+
+export interface ShardAnswer {
+  id: string;
+  shard: number;
+  /** Why the shard could not do it (the temp snapshot was discarded, …). */
+  error?: string;
+  /** `candidates`: episodes written; `planRestore`: scope entries written. */
+  count?: number;
+  /** `cut`, `recut`, `ledgerPart`: the part written. */
+  part?: FileDigest;
+  /** `cut`: attempts still in flight when the part was written. */
+  inFlight?: CaptureKey[];
+  /** `consume`: the batch part, and the live rewards of the groups handed over. */
+  batchFile?: string | null;
+  rewardSum?: number;
+  live?: number;
+  /** `settleRecovery`: what became of the shard's unfinished siblings, and its groups now. */
+  continued?: number;
+  restarted?: number;
+  /** Up to 100 of the continued siblings, by the capture key they go on as (reports and demos). */
+  continuedKeys?: CaptureKey[];
+  assigned?: number;
+  unfinished?: number;
 }
-/**
- * The checkpoint attempt → the run: Gym is prepared (frozen at its boundaries); write the ledger
- * cut now, beside the commit. `checkpointCommitted` then says whether that cut holds every result
- * it must, or the run writes it again.
- */
-export const checkpointPrepared = defineSignal<[CheckpointPrepared]>('checkpointPrepared');
-/** The checkpoint attempt → the run: Gym committed; write the controller's ledger cut now (or confirm the early one). */
-export const checkpointCommitted = defineSignal<[CheckpointCommitted]>('checkpointCommitted');
-/** The run → the checkpoint attempt: the ledger cut is in the temp snapshot directory. */
-export const ledgerCutWritten = defineSignal<[LedgerCutWritten]>('ledgerCutWritten');
-/**
- * The run → the checkpoint attempt: the early cut (written beside the commit) is in the temp
- * snapshot. It stands for certain when Gym committed every episode in flight at the attempt's
- * start (nothing unsettled): the attempt then publishes without asking the run again.
- */
-export const earlyLedgerCutWritten = defineSignal<[LedgerCutWritten]>('earlyLedgerCutWritten');
+export const shardAnswer = defineSignal<[ShardAnswer]>('shardAnswer');
+
+// --- shards → the run ------------------------------------------------------------------------
+
+/** What a shard tells the run, in batches (at most every `flushIntervalMs`). */
+export interface ShardReport {
+  shard: number;
+  /**
+   * Groups sealed since the last report (every sibling sealed), by their position in the dataset
+   * (the order steps take groups in): ready for a training step. Their results stay in the shard.
+   */
+  sealed: number[];
+  /** Rollouts sealed with a result, and live failures charged, since the last report. */
+  completed: number;
+  failed: number;
+  /** Groups received from the run so far (every `assignGroups`), attempts in flight, groups unfinished. */
+  assigned: number;
+  inFlight: number;
+  unfinished: number;
+  /** A Gym process restarted or is unreachable under the shard's attempts: the run recovers. */
+  gymCrashed?: string;
+  /** Recoveries the shard has settled: a crash it noticed before the last one was that one's. */
+  epoch: number;
+}
+export const shardReport = defineSignal<[ShardReport]>('shardReport');
+
+// --- the client → the run ----------------------------------------------------------------------
 
 export const pauseRun = defineSignal('pause');
 export const resumeRun = defineSignal('resume');
@@ -99,6 +159,7 @@ export interface RunStatus {
   checkpoints: CheckpointOutcome[];
   rewardPerStep: number[];
   continuedAsNew: number;
+  shards: number;
 }
 export const runStatus = defineQuery<RunStatus>('status');
 /** Takes a checkpoint now and returns its outcome. */

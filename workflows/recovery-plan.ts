@@ -94,8 +94,29 @@ export function settleRecovery(ledger: L.Ledger, plan: RecoveryPlan, input: Sett
   const unsealed = L.unsealedSiblings(ledger);
   const inScope = new Set(plan.scope.map((e) => e.rollout_id));
   const cohortRestarted = new Set<L.PromptGroup>();
+  // A cohort that re-forms only whole continues whole or not at all: one whose every unfinished
+  // sibling the restore did not install starts over entirely (chaos seed 28: the continued
+  // siblings' task named the old cohort, the restarted ones a new one).
+  const broken = new Set<L.PromptGroup>();
+  for (const { group, sibling } of unsealed) {
+    if (group.recovery_granularity === 'prompt_group' && !input.restored.has(sibling.rollout_id)) broken.add(group);
+  }
   for (const { group, sibling } of unsealed) {
     const cur = L.currentAttempt(sibling);
+    if (input.restored.has(sibling.rollout_id) && broken.has(group)) {
+      // Installed as N+1 all the same: that replacement and the dead attempt are retired, and
+      // the sibling starts over above the replacement's number.
+      if (cur.status === 'dispatched') {
+        out.retire.push(L.episodeOfAttempt(sibling, cur), { rollout_id: sibling.rollout_id, attempt: cur.gym_attempt + 1 });
+        L.restartFromInput(sibling, 'gym_crash', 1);
+      } else {
+        out.retire.push(L.episodeOfAttempt(sibling, cur));
+        L.restartFromInput(sibling, 'gym_crash');
+      }
+      cohortRestarted.add(group);
+      out.restarted.push(L.siblingKey(sibling));
+      continue;
+    }
     if (input.restored.has(sibling.rollout_id)) {
       // A reserved replacement (second crash before it ran) is restored again as the same N+1.
       if (cur.status === 'dispatched') L.continueFromRestore(sibling, group.environment);

@@ -1,12 +1,10 @@
-// One rollout shard of a training run (ID `<run>/shard/<k>`): starts the rollout attempts the run
-// hands it, as its own children, and sends their reports up to the run in batches. So the run owns
-// no attempt workflow and hears a few signals a second however many attempts are in flight:
+// One rollout shard of a training run (ID `<run>/shard/<k>`): it owns the prompt groups the run
+// assigns it — their ledger slice, their attempts (started as its own children), deadlines, live
+// failures and retries, their part of every checkpoint cut and recovery — and tells the run, in
+// batches, which groups are sealed. So the run owns no attempt and carries nothing per rollout:
 // Temporal's default limits allow 2,000 pending children per workflow and a few signals a second
-// into one. The run keeps the ledger, the clocks and every decision; a shard only starts and relays.
-import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
+// into one, and one workflow should carry well under 256 KB of state (docs/controller.md).
 import {
-  ParentClosePolicy,
-  WorkflowIdReusePolicy,
   allHandlersFinished,
   condition,
   continueAsNew,
@@ -16,163 +14,136 @@ import {
   log,
   setHandler,
   sleep,
-  startChild,
   workflowInfo,
 } from '@temporalio/workflow';
-import type { RolloutReport } from '../protocol/controller.js';
-import { captureKey, type CaptureKey } from '../protocol/episode-id.js';
-import { closeShard, rolloutFinished, rolloutsFinished, startAttempts, type AttemptStarts } from './messages.js';
-import { rolloutAttempt, rolloutWorkflowId, type RolloutAttemptInput } from './rolloutAttempt.js';
+import { packJson, unpackJson } from '../protocol/packed-json.js';
+import * as L from './ledger.js';
+import { checkLedger } from './ledger-invariants.js';
+import { assignGroups, closeShard, rolloutFinished, setHolds, shardReport, shardRequest, type ShardReport } from './messages.js';
+import { ShardContext, type RolloutShardInput } from './shard/context.js';
+import { startDeadlineClock } from './shard/deadline-clock.js';
+import { dispatch, forgetFinished } from './shard/dispatch.js';
+import { settleLiveFailures } from './shard/live-failures.js';
+import { answerRequests } from './shard/requests.js';
+import { applyHolds, groupIndex, initialShardState, type ShardState } from './shard/state.js';
+import { signalExpired, stopAbandoned, takeReports } from './shard/stops.js';
 
-/** Child starts per workflow task: each task's commands stay small; the loop comes straight back. */
-const MAX_STARTS_PER_TASK = 250;
-/** Reports per signal to the run: a few tens of KB. */
-const MAX_REPORTS_PER_SIGNAL = 200;
-
-export interface RolloutShardInput {
-  run: string;
-  runWorkflowId: string;
-  shard: number;
-  /** The settings every attempt it starts shares. */
-  attempts: Pick<RolloutAttemptInput, 'controlTaskQueue' | 'runTaskQueue' | 'retireTimeoutS' | 'runHeartbeatTimeoutS' | 'scheduleToStartTimeoutS'>;
-  /** The task queue of the attempt workflows. */
-  taskQueue: string;
-  /** Least time between two report batches: the run's signal rate stays bounded, however many shards. */
-  flushIntervalMs: number;
-  /** Continue-as-new past this many events. */
-  maxHistoryEvents: number;
-  /** Carried across continue-as-new. */
-  carried?: ShardState;
-}
-
-export interface ShardState {
-  queue: AttemptStarts[];
-  reports: RolloutReport[];
-  /** Started by this shard, not reported yet. */
-  inFlight: CaptureKey[];
-}
+export type { RolloutShardInput } from './shard/context.js';
 
 export interface ShardStatus {
   shard: number;
   inFlight: number;
-  queued: number;
-  reportsUnsent: number;
+  groups: number;
+  reserved: number;
+  holds: string[];
 }
 export const shardStatus = defineQuery<ShardStatus>('shardStatus');
 
-export function shardWorkflowId(run: string, shard: number): string {
-  return `${run}/shard/${shard}`;
-}
+export { shardWorkflowId } from './shard-id.js';
 
 export async function rolloutShard(input: RolloutShardInput): Promise<void> {
-  const queue: AttemptStarts[] = input.carried?.queue ?? [];
-  let reports: RolloutReport[] = input.carried?.reports ?? [];
-  const inFlight = new Set<CaptureKey>(input.carried?.inFlight ?? []);
-  let closed = false;
-  let changed = false;
-  /** A batch went up less than `flushIntervalMs` ago (a timer, not the clock: see flush()). */
-  let pacing = false;
-  const selfId = workflowInfo().workflowId;
+  const st: ShardState = input.carried ? unpackJson<ShardState>(input.carried) : initialShardState(input.run, input.holds);
+  const ctx = new ShardContext(input, st);
+  /** What the run last heard (in flight, unfinished): a change is worth a report. */
+  let told = { inFlight: -1, unfinished: -1 };
 
-  setHandler(startAttempts, (batch) => {
-    queue.push(batch);
-    changed = true;
+  setHandler(assignGroups, (a) => {
+    for (const g of a.groups) if (!st.ledger.groups[g.group_id]) L.reserveGroup(st.ledger, g);
+    st.assigned += a.groups.length;
+    st.topology = a.topology;
+    ctx.wake();
+  });
+  setHandler(setHolds, (h) => {
+    if (applyHolds(st, h)) ctx.wake();
   });
   setHandler(rolloutFinished, (r) => {
-    reports.push(r);
-    inFlight.delete(r.captureKey);
-    changed = true;
+    st.reports.push(r);
+    ctx.wake();
+  });
+  setHandler(shardRequest, (r) => {
+    st.requests.push(r);
+    ctx.wake();
   });
   setHandler(closeShard, () => {
-    closed = true;
-    changed = true;
+    st.closed = true;
+    ctx.wake();
   });
   setHandler(shardStatus, () => ({
     shard: input.shard,
-    inFlight: inFlight.size,
-    queued: queue.reduce((n, b) => n + b.attempts.length, 0),
-    reportsUnsent: reports.length,
+    inFlight: Object.keys(st.inFlight).length,
+    groups: st.ledger.order.length,
+    reserved: L.reservedAttempts(st.ledger).length,
+    holds: st.holds.admission,
   }));
 
-  async function startQueued(): Promise<void> {
-    let budget = MAX_STARTS_PER_TASK;
-    const starts: Array<Promise<void>> = [];
-    while (queue.length && budget > 0) {
-      const batch = queue[0]!;
-      const take = batch.attempts.splice(0, budget);
-      if (batch.attempts.length === 0) queue.shift();
-      budget -= take.length;
-      for (const a of take) {
-        const key = captureKey(a.episode);
-        inFlight.add(key);
-        const { summary, details, ...start } = a;
-        const args: RolloutAttemptInput = { run: input.run, reportTo: selfId, ...start, topology: batch.topology, ...input.attempts };
-        starts.push(
-          startChild(rolloutAttempt, {
-            workflowId: rolloutWorkflowId(input.run, a.episode),
-            taskQueue: input.taskQueue,
-            parentClosePolicy: ParentClosePolicy.ABANDON,
-            // An attempt runs once: a start repeated after it ended must not run it again.
-            workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
-            staticSummary: summary,
-            staticDetails: details,
-            args: [args],
-          }).then(
-            () => undefined,
-            (err: unknown) => {
-              // Already started (a start recorded before a continue-as-new): it reports here by signal.
-              if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
-            },
-          ),
-        );
-      }
-    }
-    await Promise.all(starts);
-    if (queue.length) changed = true;
-  }
+  if (!input.carried && input.load) await loadSlice(ctx, input.load);
+  startDeadlineClock(ctx);
 
-  /**
-   * Sends the reports up; false when the run is gone (nobody to report to). The pause before the
-   * next batch is a timer whose firing is in the history: a decision on `Date.now()` could differ on
-   * replay, since the SDK may run a workflow's code with the clock of an older task (on a fresh
-   * worker answering a query, see docs/controller.md).
-   */
-  async function flush(): Promise<boolean> {
-    pacing = true;
+  /** Sends the run what it has not heard yet; the pause before the next report is a timer (see docs/controller.md). */
+  async function report(): Promise<void> {
+    const inFlight = Object.keys(st.inFlight).length;
+    const unfinished = L.unfinishedGroupCount(st.ledger);
+    const crash = st.gymCrashed !== null && !st.crashReported;
+    const news = st.sealed.length > 0 || st.completed !== 0 || st.failed !== 0 || crash || inFlight !== told.inFlight || unfinished !== told.unfinished;
+    if (!news || (ctx.pacing && !st.closed && !crash)) return;
+    ctx.pacing = true;
     void sleep(input.flushIntervalMs).then(() => {
-      pacing = false;
-      changed = true;
+      ctx.pacing = false;
+      ctx.wake();
     });
-    while (reports.length) {
-      const batch = reports.slice(0, MAX_REPORTS_PER_SIGNAL);
-      try {
-        await getExternalWorkflowHandle(input.runWorkflowId).signal(rolloutsFinished, batch);
-      } catch (err) {
-        if (isCancellation(err)) throw err;
-        log.warn('the run is gone; dropping its reports', { reports: reports.length, error: String(err) });
-        reports = [];
-        return false;
-      }
-      reports = reports.slice(batch.length);
+    const r: ShardReport = { shard: input.shard, sealed: st.sealed, completed: st.completed, failed: st.failed, assigned: st.assigned, inFlight, unfinished, epoch: st.epoch, ...(crash ? { gymCrashed: st.gymCrashed! } : {}) };
+    try {
+      await getExternalWorkflowHandle(input.runWorkflowId).signal(shardReport, r);
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      log.warn('the run is gone; nothing to report to', { error: String(err) });
+      st.closed = true;
     }
-    return true;
+    st.sealed = st.sealed.slice(r.sealed.length);
+    st.completed -= r.completed;
+    st.failed -= r.failed;
+    if (crash) st.crashReported = true;
+    told = { inFlight, unfinished };
   }
 
   for (;;) {
-    changed = false;
-    await startQueued();
-    if (reports.length && (closed || !pacing)) {
-      if (!(await flush())) return;
-    }
-    // Closed by the run at its end: nothing of it is in flight any more (or it failed and no one listens).
-    if (closed && reports.length === 0) return;
+    ctx.changed = false;
+    takeReports(ctx);
+    await settleLiveFailures(ctx);
+    await stopAbandoned(ctx);
+    await signalExpired(ctx);
+    await answerRequests(ctx);
+    await dispatch(ctx);
+    await forgetFinished(ctx, st.closed);
+    await report();
+    // Closed by the run at its end (or it is gone): done once nothing of it is in flight.
+    if (st.closed && Object.keys(st.inFlight).length === 0 && st.requests.length === 0 && st.sealed.length === 0) return;
     const info = workflowInfo();
-    if (info.historyLength > input.maxHistoryEvents || info.continueAsNewSuggested) {
+    if ((info.historyLength > input.maxHistoryEvents || info.continueAsNewSuggested) && st.requests.length === 0) {
       await condition(allHandlersFinished);
-      const carried: ShardState = { queue, reports, inFlight: [...inFlight] };
-      await continueAsNew<typeof rolloutShard>({ ...input, carried });
+      const { load: _load, ...rest } = input;
+      await continueAsNew<typeof rolloutShard>({ ...rest, carried: packJson(st) });
     }
-    if (changed) continue;
-    await condition(() => changed);
+    if (!ctx.changed) await condition(() => ctx.changed);
+  }
+}
+
+/** A cold start: the shard's slice of a saved ledger, its sealed siblings counted, its sealed groups announced. */
+async function loadSlice(ctx: ShardContext, from: NonNullable<RolloutShardInput['load']>): Promise<void> {
+  const { st, input } = ctx;
+  const packed = await ctx.files.loadLedgerSlice({ from, shard: input.shard, shards: input.shards });
+  const slice = unpackJson<L.Ledger>(packed);
+  try {
+    checkLedger(slice);
+  } catch (err) {
+    // Answered to the recovery's plan request: the cold start refuses the checkpoint.
+    st.loadError = `the ledger slice of shard ${input.shard} is invalid: ${(err as Error).message}`;
+    return;
+  }
+  st.ledger = { ...slice, run: input.run, cursor: 0 };
+  for (const id of st.ledger.order) {
+    const g = st.ledger.groups[id]!;
+    st.completed += g.siblings.filter((s) => L.currentAttempt(s).status === 'sealed').length;
+    if (g.status === 'ready_to_finalize') st.sealed.push(groupIndex(g));
   }
 }

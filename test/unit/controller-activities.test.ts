@@ -10,7 +10,9 @@ import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { topologyFingerprint } from '../../activities/gym.js';
 import { closeActivityPools, createActivities, createActivityPools } from '../../activities/index.js';
-import { allocateSnapshot, finalizeSnapshot, validateSnapshot, writeLedgerCut } from '../../activities/snapshots.js';
+import { writeLedgerPart } from '../../activities/controller-files.js';
+import { packJson } from '../../protocol/packed-json.js';
+import { allocateSnapshot, finalizeSnapshot, validateSnapshot } from '../../activities/snapshots.js';
 import { taskAt } from '../../activities/dataset.js';
 import {
   GYM_COMMIT_FILE,
@@ -153,7 +155,7 @@ describe('Gym coordination activities', () => {
 
     // The commit result, completed from the commit file, is what the snapshot manifest records;
     // it validates against the disk.
-    const cut = await writeLedgerCut({ tmpDir: loc.tmpDir, ledger: { cursor: 1 } });
+    const cut = await writeLedgerPart({ dir: loc.tmpDir, shard: 0, ledger: packJson({ cursor: 1 }) });
     const slim: SnapshotManifestSlim = {
       schema_version: 1,
       format: 'rollout-checkpoint/ts',
@@ -165,8 +167,7 @@ describe('Gym coordination activities', () => {
       dataloader_cursor: 1,
       gym_topology_fingerprint: topology.fingerprint,
       gym_checkpoint: { restarts: prep.restarts, participants: committed.participants },
-      ledger_sha256: cut.sha256,
-      ledger_bytes: cut.bytes,
+      ledger_parts: [cut],
       created_at: new Date().toISOString(),
     };
     const published = await finalizeSnapshot({ location: loc, manifest: slim, fingerprint: topology.fingerprint });

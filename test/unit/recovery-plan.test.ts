@@ -120,4 +120,17 @@ describe('settleRecovery', () => {
     // A group with nothing unfinished is left alone.
     expect(L.currentAttempt(done.siblings[0]!)).toMatchObject({ gym_attempt: 0, status: 'sealed' });
   });
+
+  it('a group-scored cohort the restore installed only in part starts over whole: the installed replacements retired, their numbers skipped', () => {
+    const l = L.emptyLedger('run');
+    const g = reserve(l, 'run.p0', { size: 3, granularity: 'prompt_group' });
+    dispatchAll(l);
+    const plan = planRecovery(l, { lastSnapshot: SNAPSHOT, lastSnapshotScope: ['run.p0.g0', 'run.p0.g1', 'run.p0.g2'] });
+    expect(plan.scope).toHaveLength(3);
+    const out = settleRecovery(l, plan, { restored: new Set(['run.p0.g0', 'run.p0.g1']), restoreFailed: false, cold: false });
+    expect(out.continued).toEqual([]);
+    expect(out.restarted.sort()).toEqual(['run.p0.g0-a2', 'run.p0.g1-a2', 'run.p0.g2-a1']);
+    expect(out.retire.map(captureKey).sort()).toEqual(['run.p0.g0', 'run.p0.g0-a1', 'run.p0.g1', 'run.p0.g1-a1', 'run.p0.g2']);
+    expect(g.cohort_attempt).toBe(1);
+  });
 });

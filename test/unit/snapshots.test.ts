@@ -13,9 +13,9 @@ import {
   publishSnapshot,
   readLedger,
   validateSnapshot,
-  writeLedgerCut,
   writeSnapshotManifest,
 } from '../../activities/snapshots.js';
+import { writeLedgerPart } from '../../activities/controller-files.js';
 import { topologyFingerprint } from '../../activities/gym.js';
 import {
   GYM_COMMIT_FILE,
@@ -26,7 +26,7 @@ import {
   type SnapshotManifest,
   type SnapshotManifestSlim,
 } from '../../protocol/controller.js';
-import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
+import { packJson } from '../../protocol/packed-json.js';
 import { writeRecords } from '../../servers/control/storage/index.js';
 import { tempDir } from '../helpers/temp-dir.js';
 import { failureOf } from '../helpers/activity.js';
@@ -61,7 +61,7 @@ async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?
     const manifest = await writeRecords({ checkpointDir: loc.tmpDir, kind, instance, checkpointId, records });
     participants[instance] = { kind, instance, manifest, episode_ids: records.map((r) => r.episode_id.rollout_id) };
   }
-  const cut = await writeLedgerCut({ tmpDir: loc.tmpDir, ledger: opts.ledger ?? { cursor: 7, groups: { g1: [1, 2] } } });
+  const cut = await writeLedgerPart({ dir: loc.tmpDir, shard: 0, ledger: packJson(opts.ledger ?? { cursor: 7, groups: { g1: [1, 2] }, order: ['g1'] }) });
   const manifest: SnapshotManifest = {
     schema_version: 1,
     format: 'rollout-checkpoint/ts',
@@ -73,8 +73,7 @@ async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?
     dataloader_cursor: 7,
     gym_topology_fingerprint: FINGERPRINT,
     gym_checkpoint: { scope: ['r0', 'r1', 'r2'], restarts: [], participants },
-    ledger_sha256: cut.sha256,
-    ledger_bytes: cut.bytes,
+    ledger_parts: [cut],
     created_at: new Date().toISOString(),
   };
   await writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest });
@@ -119,29 +118,27 @@ describe('allocateSnapshot', () => {
   });
 });
 
-describe('writeLedgerCut / writeSnapshotManifest', () => {
-  it('returns the digest and size of ledger.json and writes the manifest with sorted keys', async () => {
+describe('writeLedgerPart / writeSnapshotManifest', () => {
+  it("returns the digest and size of a shard's ledger part and writes the manifest with sorted keys", async () => {
     const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
     const manifest = await writeBundle(loc, { ledger: { b: 1, a: [2] } });
-    const bytes = await fsp.readFile(path.join(loc.tmpDir, 'ledger.json'));
-    expect(manifest.ledger_bytes).toBe(bytes.length);
+    const bytes = await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-0.json'));
+    expect(manifest.ledger_parts).toEqual([{ file: 'controller/ledger-0.json', bytes: bytes.length, sha256: expect.stringMatching(/^[0-9a-f]{64}$/) }]);
     expect(JSON.parse(bytes.toString('utf8'))).toEqual({ b: 1, a: [2] });
     const text = await fsp.readFile(path.join(loc.tmpDir, 'manifest.json'), 'utf8');
     const keys = Object.keys(JSON.parse(text) as object);
     expect(keys).toEqual([...keys].sort());
     expect(JSON.parse(text)).toEqual(manifest);
     // No temporary files left behind.
-    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['gym', 'ledger.json', 'manifest.json']);
+    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['controller', 'gym', 'manifest.json']);
+    expect(await fsp.readdir(path.join(loc.tmpDir, 'controller'))).toEqual(['ledger-0.json']);
   });
 
-  it('takes the ledger packed (as the run sends it) and writes the same plain JSON', async () => {
+  it('takes the ledger packed (as a shard sends it) and writes it as plain JSON', async () => {
     const ledger = { b: 1, a: [2, { x: 'y' }], c: null };
-    const plain = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
-    const packed = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
-    const a = await writeLedgerCut({ tmpDir: plain.tmpDir, ledger });
-    const b = await writeLedgerCut({ tmpDir: packed.tmpDir, ledger: packJson(ledger) });
-    expect(b).toEqual(a);
-    expect(await fsp.readFile(path.join(packed.tmpDir, 'ledger.json'), 'utf8')).toBe(JSON.stringify(ledger));
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    await writeLedgerPart({ dir: loc.tmpDir, shard: 3, ledger: packJson(ledger) });
+    expect(await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-3.json'), 'utf8')).toBe(JSON.stringify(ledger));
   });
 
   it('refuses a manifest of the wrong shape and a directory that is not a temp snapshot', async () => {
@@ -152,7 +149,7 @@ describe('writeLedgerCut / writeSnapshotManifest', () => {
       'invariant_error',
       /sequence/,
     );
-    await expectFailure(writeLedgerCut({ tmpDir: path.join(dir, 'elsewhere'), ledger: {} }), 'invariant_error');
+    await expectFailure(writeLedgerPart({ dir: path.join(dir, 'elsewhere'), shard: 0, ledger: packJson({}) }), 'invariant_error');
   });
 
   it('refuses an episode list holding something that is not a capture key, naming where', async () => {
@@ -352,13 +349,13 @@ describe('validateSnapshot', () => {
     expect(await validateSnapshot({ dir: loc.tmpDir })).toEqual(manifest);
   });
 
-  it('catches a tampered ledger', async () => {
-    const file = path.join(loc.tmpDir, 'ledger.json');
+  it('catches a tampered ledger part', async () => {
+    const file = path.join(loc.tmpDir, 'controller', 'ledger-0.json');
     const text = await fsp.readFile(file, 'utf8');
     await fsp.writeFile(file, text.replace('7', '8')); // same size, other bytes
-    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /ledger\.json does not match/);
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /ledger-0\.json does not match/);
     await fsp.rm(file);
-    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /no ledger\.json/);
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir }), 'invariant_error', /no controller\/ledger-0\.json/);
   });
 
   it('catches a missing participant manifest', async () => {
@@ -407,7 +404,7 @@ describe('latestSnapshot and readLedger', () => {
     await publishedSnapshot('step_2', 2, { at: 'step_2' });
     const good = await publishedSnapshot('step_10', 10, { at: 'step_10/1' });
     const corrupt = await publishedSnapshot('step_10', 10, { at: 'step_10/2' });
-    await fsp.writeFile(path.join(corrupt, 'ledger.json'), '{"tampered": true}');
+    await fsp.writeFile(path.join(corrupt, 'controller', 'ledger-0.json'), '{"tampered": true}');
     // Readers ignore tmp_ and trash_ directories.
     await fsp.mkdir(path.join(dir, 'step_10', 'rollout_snapshots', 'tmp_snapshot_000003'));
     await fsp.mkdir(path.join(dir, 'step_10', 'rollout_snapshots', 'trash_snapshot_000009'));
@@ -416,9 +413,10 @@ describe('latestSnapshot and readLedger', () => {
     expect(found).not.toBeNull();
     expect(found!.dir).toBe(good);
     expect(found!.anchor).toBe('step_10');
-    // Packed, and without the participants' episode lists: one activity result at any scale.
-    expect(isPackedJson(found!.ledger)).toBe(true);
-    expect(unpacked(found!.ledger)).toEqual({ at: 'step_10/1' });
+    // Without the ledger, the scope and the participants' episode lists: one activity result at any scale.
+    expect(found).not.toHaveProperty('ledger');
+    expect(found!.manifest.gym_checkpoint).not.toHaveProperty('scope');
+    expect(found!.manifest.ledger_parts.map((p) => p.file)).toEqual(['controller/ledger-0.json']);
     expect(found!.manifest.sequence).toBe(1);
     for (const p of Object.values(found!.manifest.gym_checkpoint.participants)) {
       expect(p).not.toHaveProperty('episode_ids');
@@ -426,8 +424,8 @@ describe('latestSnapshot and readLedger', () => {
     }
     expect(found!.skipped).toHaveLength(1);
     expect(found!.skipped[0]!.dir).toBe(corrupt);
-    expect(found!.skipped[0]!.reason).toMatch(/ledger\.json/);
-    expect(await readLedger({ dir: good })).toEqual({ at: 'step_10/1' });
+    expect(found!.skipped[0]!.reason).toMatch(/ledger-0\.json/);
+    expect(await readLedger({ dir: good })).toMatchObject({ run: 'run-1', cursor: 7 });
   });
 
   it('falls back to an older anchor, then to bootstrap', async () => {

@@ -2,7 +2,8 @@
 // 127.0.0.1: a step trains from the call log and refits the backend, anchors round-trip, a lost
 // trainer reports `trainer_behind` and re-sent batches reproduce the lost steps exactly, corrupt
 // anchors are skipped, a retried step is idempotent. Plus the trajectory assembly from the call log.
-import { isPackedJson, packJson, unpacked } from '../../protocol/packed-json.js';
+import { packJson } from '../../protocol/packed-json.js';
+import { writeLedgerPart } from '../../activities/controller-files.js';
 import { createHash } from 'node:crypto';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
@@ -262,16 +263,16 @@ describe('trainer anchors', () => {
       schema_version: 2,
       trainer_version: 2,
     });
-    // Read back packed: the plain ledger of thousands in flight would be over a payload's limit.
+    // Read back without the ledger (each rollout shard loads its slice from the file), with where it is.
     const read = await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
-    expect({ ...read, ledger: unpacked(read!.ledger) }).toEqual({
+    expect(read).toEqual({
       schema_version: 2,
       base_train_step: 2,
       trainer_version: 2,
       gym_topology_fingerprint: FINGERPRINT,
-      ledger: { run: 'r' },
+      file: marker.path,
+      cursor: 0,
     });
-    expect(isPackedJson(read!.ledger)).toBe(true);
     expect(await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_1' })).toBeNull();
 
     // The run saves anchor and marker in one call; a retry after the anchor is durable (the
@@ -281,7 +282,32 @@ describe('trainer anchors', () => {
     expect(await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: fallback })).toEqual(saved);
     const reread = await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' });
     expect(reread).toMatchObject({ trainer_version: 2 });
-    expect(unpacked(reread!.ledger)).toEqual({ run: 'r2' });
+    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8')).ledger).toEqual({ run: 'r2' });
+    // The rollout shards' ledger parts, merged into the marker with the run's cursor.
+    await fsp.rm(marker.path);
+    const partsDir = path.join(ckpt, 'fallback-parts', 'step_2');
+    await writeLedgerPart({
+      dir: partsDir,
+      shard: 0,
+      ledger: packJson({ schema_version: 1, run: RUN, cursor: 0, groups: { a: { x: 1 } }, order: ['a'] }),
+      create: true,
+    });
+    await writeLedgerPart({
+      dir: partsDir,
+      shard: 1,
+      ledger: packJson({ schema_version: 1, run: RUN, cursor: 0, groups: { b: { x: 2 } }, order: ['b'] }),
+      create: true,
+    });
+    const parts = { topologyFingerprint: FINGERPRINT, ledgerParts: { dir: partsDir, files: ['controller/ledger-0.json', 'controller/ledger-1.json'] } };
+    expect(await runActivity(acts.saveTrainerCheckpoint, { run: RUN, checkpointDir: ckpt, step: 2, cursor: 8, gymRestartFallback: parts })).toEqual(saved);
+    expect(JSON.parse(await fsp.readFile(marker.path, 'utf8')).ledger).toEqual({
+      schema_version: 1,
+      run: RUN,
+      cursor: 8,
+      groups: { a: { x: 1 }, b: { x: 2 } },
+      order: ['a', 'b'],
+    });
+    expect(await runActivity(acts.readGymRestartFallback, { checkpointDir: ckpt, anchor: 'step_2' })).toMatchObject({ cursor: 8 });
     const badFingerprint = await failureOf(
       runActivity(acts.saveTrainerCheckpoint, {
         run: RUN,

@@ -12,7 +12,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import type { TestWorkflowEnvironment } from '@temporalio/testing';
 import { Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { writeGymRestartFallbackMarker, type TrainBatch } from '../../activities/trainer.js';
+import { readTrainBatch, writeGymRestartFallbackMarker, type TrainBatch } from '../../activities/trainer.js';
 import type { TrainerRole } from '../../activities/trainer-role.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { trainingRun } from '../../workflows/trainingRun.js';
@@ -56,7 +56,7 @@ class StandInTrainer implements TrainerRole {
     if (this.version < input.expectedVersion) {
       throw ApplicationFailure.nonRetryable(`behind: v${this.version}`, 'trainer_behind', { have: this.version, step: this.step });
     }
-    this.batches.push({ step: input.step, batch: input.batch });
+    this.batches.push({ step: input.step, batch: await readTrainBatch(input) });
     this.version = input.expectedVersion + 1;
     this.step = input.step;
     return { version: this.version, step: input.step, meanReward: 0, updatedSituations: [], seconds: 0, usedCalls: 0, droppedCalls: { notReturned: 0, superseded: 0, otherVersion: 0, unknown: 0 }, contributingGroups: 0 };

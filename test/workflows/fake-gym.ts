@@ -6,6 +6,7 @@ import { createHash } from 'node:crypto';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Activities } from '../../activities/index.js';
+import { writeBatchPart, writeLedgerPart } from '../../activities/controller-files.js';
 import { isPackedJson, unpackJson } from '../../protocol/packed-json.js';
 import type {
   CheckpointOutcome,
@@ -96,6 +97,19 @@ export class FakeGym {
   /** The manifests `finalizeSnapshot` published. */
   published: Array<{ ledger_sha256: string; checkpoint_id: string }> = [];
   private discarded = new Set<string>();
+  /** The shards' candidates by temp snapshot, the scope each commit sent, restore scope parts and answers, batch parts. */
+  private candidates = new Map<string, Map<number, string[]>>();
+  private lastCommitScope = new Map<string, string[]>();
+  private scopeParts = new Map<string, Map<number, Array<{ rollout_id: string; attempt: number }>>>();
+  private restoredIn = new Map<string, Record<string, string[]>>();
+  batchParts = new Map<string, unknown>();
+
+  /** The commit's scope: given, or the shards' candidates less the restarts. */
+  private scopeOf(input: { checkpointDir: string; scope: Array<{ rollout_id: string; attempt: number }> | { shards: number; restarts: string[] } }): string[] {
+    if (Array.isArray(input.scope)) return input.scope.map(captureKey);
+    const restarts = new Set(input.scope.restarts);
+    return [...(this.candidates.get(input.checkpointDir)?.values() ?? [])].flat().filter((k) => !restarts.has(k));
+  }
 
   /**
    * Every Gym process dies: calls fail as unreachable; the `/run`s in flight hang until Gym comes
@@ -230,8 +244,10 @@ export class FakeGym {
           s.commitFailures! -= 1;
           fail(s.commitFailure ?? 'transient', 'commit');
         }
-        const finished = input.scope.map(captureKey).sort().slice(0, s.finishedBeforeCommit ?? 0);
-        const keys = input.scope.map(captureKey).filter((k) => !finished.includes(k)).sort();
+        const scope = this.scopeOf(input);
+        this.lastCommitScope.set(input.checkpointDir, scope);
+        const finished = scope.sort().slice(0, s.finishedBeforeCommit ?? 0);
+        const keys = scope.filter((k) => !finished.includes(k)).sort();
         if (finished.length > 0) setTimeout(() => {
             for (const k of finished) this.finishRun(k);
           }, 200);
@@ -244,7 +260,7 @@ export class FakeGym {
             episode_count: keys.length,
           };
         }
-        return { checkpointId: input.checkpointId, participants, uncommitted: finished, seconds: 0.01 };
+        return { checkpointId: input.checkpointId, participants, scopeCount: scope.length, uncommitted: finished, seconds: 0.01 };
       },
       gymResume: async (input) => {
         this.calls.push(`resume:${input.checkpointId}`);
@@ -265,8 +281,12 @@ export class FakeGym {
       gymRestore: async (input) => {
         this.calls.push(`restore:${input.restoreId}`);
         if (this.down) throw unreachable('restore');
-        const replacements = input.scope.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt + 1 }));
-        return { restoreId: input.restoreId, restored: Object.fromEntries(Object.keys(TOPOLOGY.servers).map((n) => [n, replacements])), seconds: 0.01 };
+        const episodes = Array.isArray(input.scope) ? input.scope : [...(this.scopeParts.get(input.scope.dir)?.values() ?? [])].flat();
+        const replacements = episodes.map((e) => captureKey({ rollout_id: e.rollout_id, attempt: e.attempt + 1 }));
+        const restored = Object.fromEntries(Object.keys(TOPOLOGY.servers).map((n) => [n, replacements]));
+        if (Array.isArray(input.scope)) return { restoreId: input.restoreId, restored, seconds: 0.01 };
+        this.restoredIn.set(input.scope.dir, restored);
+        return { restoreId: input.restoreId, restored: {}, restoredCounts: {}, scopeCount: episodes.length, seconds: 0.01 };
       },
       gymForget: async (input) => {
         this.calls.push(`forget:${input.rolloutIds.length}`);
@@ -336,20 +356,43 @@ export class FakeGym {
         const name = String(seq).padStart(6, '0');
         return { root, anchor: input.anchor, sequence: seq, tmpDir: `${root}/tmp_snapshot_${name}`, finalDir: `${root}/snapshot_${name}` };
       },
-      writeLedgerCut: async (input) => {
+      writeCandidates: async (input) => {
+        if (this.discarded.has(input.tmpDir)) throw ApplicationFailure.nonRetryable(`writeCandidates: ${input.tmpDir} does not exist`, 'invariant_error');
+        const m = this.candidates.get(input.tmpDir) ?? new Map<number, string[]>();
+        m.set(input.shard, input.episodes.map(captureKey));
+        this.candidates.set(input.tmpDir, m);
+        return { count: input.episodes.length };
+      },
+      writeLedgerPart: async (input) => {
         if (s.ledgerCutDelayMs) await new Promise((r) => setTimeout(r, s.ledgerCutDelayMs));
-        if (this.discarded.has(input.tmpDir)) {
+        if (!input.create && this.discarded.has(input.dir)) {
           this.calls.push('ledger-cut-refused');
-          throw ApplicationFailure.nonRetryable(`writeLedgerCut: ${input.tmpDir} does not exist`, 'invariant_error');
+          throw ApplicationFailure.nonRetryable(`writeLedgerPart: ${input.dir} does not exist`, 'invariant_error');
         }
-        this.calls.push('ledger-cut');
+        this.calls.push(input.create ? 'ledger-part' : 'ledger-cut');
+        // A trainer anchor's fallback parts go to disk: the trainer merges them into its marker.
+        if (input.create) return writeLedgerPart(input);
         const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
-        this.ledgerCuts.push(ledger);
+        if (!input.create) this.ledgerCuts.push(ledger);
         const text = JSON.stringify(ledger);
         const sha256 = createHash('sha256').update(text).digest('hex');
-        this.ledgerCutDigests.push(sha256);
-        return { sha256, bytes: text.length };
+        if (!input.create) this.ledgerCutDigests.push(sha256);
+        return { file: `controller/ledger-${input.shard}.json`, sha256, bytes: text.length };
       },
+      scopeSlice: async (input) => this.lastCommitScope.get(input.snapshotDir.replace(/\/snapshot_(\d+)$/, '/tmp_snapshot_$1')) ?? [],
+      writeScopePart: async (input) => {
+        const m = this.scopeParts.get(input.dir) ?? new Map<number, Array<{ rollout_id: string; attempt: number }>>();
+        m.set(input.shard, input.scope.map(([rollout_id, attempt]) => ({ rollout_id, attempt })));
+        this.scopeParts.set(input.dir, m);
+        return { count: input.scope.length };
+      },
+      restoredSlice: async (input) => this.restoredIn.get(input.dir) ?? {},
+      writeBatchPart: async (input) => {
+        this.batchParts.set(input.file, input.batch);
+        // On disk: a trainer reads its batch from the files.
+        return writeBatchPart(input);
+      },
+      removeControllerDir: async () => undefined,
       writeSnapshotManifest: async () => {
         this.calls.push('manifest');
       },
@@ -363,7 +406,7 @@ export class FakeGym {
       },
       finalizeSnapshot: async (input) => {
         this.calls.push('manifest', 'validate', `publish:${input.location.sequence}`);
-        this.published.push({ ledger_sha256: input.manifest.ledger_sha256, checkpoint_id: input.manifest.checkpoint_id });
+        this.published.push({ ledger_sha256: input.manifest.ledger_parts[0]?.sha256 ?? '', checkpoint_id: input.manifest.checkpoint_id });
         return input.location.finalDir;
       },
       applyRetention: async () => {

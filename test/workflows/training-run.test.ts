@@ -78,28 +78,24 @@ function expectRunsOnce(gym: FakeGym): void {
   expect(new Set(keys).size, `duplicate /run calls: ${keys.join(' ')}`).toBe(keys.length);
 }
 
-/**
- * The run writes its ledger cut once Gym is prepared, while Gym commits: exactly one cut, after
- * the prepare, before the manifest (or the discard). Returns the calls without it.
- */
-/**
- * The checkpoint attempt's signals to the run go out in the same workflow task as the next stage's
- * activity: no task of its own waits for a signal's delivery while admission is closed.
- */
 async function historyEvents(workflowId: string) {
   return (await env.client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
 }
 
-async function expectSignalsBesideStages(checkpointWorkflow: string): Promise<void> {
+/**
+ * The attempt asks its shards for their candidates in the workflow task that schedules prepare,
+ * and for their ledger parts in the one that schedules the commit (the shards write while Gym
+ * works; no task of its own waits for a signal's delivery while admission is closed); once Gym
+ * resumed it releases their hold itself.
+ */
+async function expectShardRequestsBesideStages(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
   const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
-  expect(signals.map((a) => a.signalName)).toEqual(['checkpointPrepared', 'checkpointCommitted']);
+  expect(signals.map((a) => a.signalName)).toEqual([...Array(2 * shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
-  const commitTask = events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymCommit')!.activityTaskScheduledEventAttributes!;
-  expect(taskOf(signals[0]!)).toBe(taskOf(commitTask));
-  // The wait for the cut starts in the task that sent the committed signal: no timer of a later task.
-  const timer = events.find((e) => e.timerStartedEventAttributes)?.timerStartedEventAttributes;
-  if (timer) expect(taskOf(timer)).toBe(taskOf(signals[1]!));
+  const taskOfActivity = (name: string): string => taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
+  expect(taskOf(signals[0]!)).toBe(taskOfActivity('gymPrepare'));
+  expect(taskOf(signals[shards]!)).toBe(taskOfActivity('gymCommit'));
 }
 
 type HistoryEvent = Awaited<ReturnType<typeof historyEvents>>[number];
@@ -128,7 +124,8 @@ async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> 
   expect(scheduled).not.toContain('allocateSnapshot');
   expect(scheduled).not.toContain('finalizeSnapshot');
   expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
-  // No workflow task completed between the first one and prepare's scheduling.
+  // Allocation and the restart check added no workflow task of their own: prepare went out in the
+  // attempt's first workflow task.
   const prepare = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare');
   expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
 }
@@ -178,22 +175,19 @@ describe('checkpoint attempts in a training run', () => {
       await until(() => gym.running.size === 2, 'the first group in flight');
       const outcome = await handle.executeUpdate(checkpointNow);
       expect(outcome).toMatchObject({ outcome: 'completed', reason: 'completed', trigger: 'manual', sequence: 1 });
-      expect([...(outcome.scope ?? [])].sort()).toEqual([...gym.running].sort());
+      expect(outcome).toMatchObject({ scopeCount: gym.running.size, restartCount: 0 });
       const id = outcome.checkpointId;
       expect(id).toMatch(/^rollout-step-0-snapshot-1-[0-9a-f]{32}$/);
       const calls = expectCutBesideCommit(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
-      await expectSignalsBesideStages(checkpointWorkflowId(cfg.run.name, id));
+      await expectShardRequestsBesideStages(checkpointWorkflowId(cfg.run.name, id));
       await expectLocalFileStages(checkpointWorkflowId(cfg.run.name, id));
-      // Gym committed every episode in flight: the run's early cut is the published one, and the
-      // attempt had it from the run without asking after the commit.
+      // Gym committed every episode in flight: the shard's cut beside the commit is the published one.
       expect(gym.count('ledger-cut')).toBe(1);
       expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
-      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toContain('earlyLedgerCutWritten');
-      // The attempt said it takes the early cut, so the run did not confirm it (a confirmation
-      // that reaches the attempt as it completes costs it a failed workflow task).
-      expect(await signalsSent(cfg.run.name)).not.toContain('ledgerCutWritten');
-      expect(await signalsSent(cfg.run.name)).toContain('earlyLedgerCutWritten');
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toEqual(['shardAnswer', 'shardAnswer']);
+      // The run closed admission in its shard before the attempt; the attempt reopened it.
+      expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(1);
       // Retention runs in the run once it has the outcome, with admission open again.
       await expectRetentionByRun(cfg.run.name, checkpointWorkflowId(cfg.run.name, id));
       await until(() => gym.count('retention') === 1, 'retention');
@@ -223,7 +217,7 @@ describe('checkpoint attempts in a training run', () => {
       await until(() => gym.running.size === 2, 'the first group in flight');
       const [finished, parked] = [...gym.running].sort() as [string, string];
       const outcome = await handle.executeUpdate(checkpointNow);
-      expect(outcome).toMatchObject({ outcome: 'completed', scope: [finished, parked].sort() });
+      expect(outcome).toMatchObject({ outcome: 'completed', scopeCount: 2 });
       expect(gym.count('ledger-cut')).toBe(2);
       // The first cut (beside the commit) still had it in flight; the published one has its result.
       const sealed = (ledger: unknown): string[] =>
@@ -231,9 +225,9 @@ describe('checkpoint attempts in a training run', () => {
           .flatMap((g) => g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id));
       expect(sealed(gym.ledgerCuts[0])).toEqual([]);
       expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
-      // Something was unsettled after the commit: the attempt waited for the second cut and published it.
+      // Something was unsettled after the commit: the shard cut again once it had the result, and that part was published.
       expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
-      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toContain('ledgerCutWritten');
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toEqual(['shardAnswer', 'shardAnswer', 'shardAnswer']);
       await finishRun(gym, handle);
       await recordHistories(env, 'late-result', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
     });
@@ -545,9 +539,11 @@ describe('lost activity tasks', () => {
       grpo: { max_num_steps: 1 },
       controller: { schedule_to_start_timeout_s: 1 },
     });
-    await withWorker(env, bundle, gym, cfg, async () => {
+    // The attempts' workflows run on the rollout task queue; nobody polls it for activities yet.
+    const attempts = await Worker.create({ connection: env.nativeConnection, taskQueue: cfg.run.rollout_task_queue, workflowBundle: bundle });
+    await withWorker(env, bundle, gym, cfg, () => attempts.runUntil(async () => {
       const handle = await startRun(cfg);
-      // Nobody polls the rollout task queue yet: both /run tasks wait past the timeout.
+      // Nobody polls the rollout task queue for activities yet: both /run tasks wait past the timeout.
       const attemptId = rolloutWorkflowId(cfg.run.name, { rollout_id: `${cfg.run.name}.p0.g0`, attempt: 0 });
       const timedOut = async (): Promise<number> => {
         const history = await env.client.workflow.getHandle(attemptId).fetchHistory().catch(() => undefined);
@@ -566,7 +562,7 @@ describe('lost activity tasks', () => {
       const history = await env.client.workflow.getHandle(attemptId).fetchHistory();
       const scheduled = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'runEpisode');
       expect(scheduled.length).toBeGreaterThanOrEqual(2);
-    });
+    }));
   }, 60_000);
 });
 
@@ -606,7 +602,7 @@ describe('Gym crashes (no crash ends a run)', () => {
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
       expect(summary.recoveries).toHaveLength(2);
       // Each crash restarted the group in flight as the next attempt (nothing was published to continue).
-      expect(summary.recoveries.map((r) => r.restarted.length)).toEqual([2, 2]);
+      expect(summary.recoveries.map((r) => r.restarted)).toEqual([2, 2]);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}${m.gymUnreachable ? '/unreachable' : ''}`)).toEqual([
         'failed/timeout',
         'failed/io_error/unreachable',
@@ -639,7 +635,7 @@ describe('Gym crashes (no crash ends a run)', () => {
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
       // The saved episodes continue as attempt 1 from the snapshot taken before the crash.
       expect(summary.recoveries).toHaveLength(1);
-      expect(summary.recoveries[0]!.continued).toHaveLength(2);
+      expect(summary.recoveries[0]!.continued).toBe(2);
       expect(gym.calls.some((c) => c.startsWith('restore:'))).toBe(true);
       expect((await status(handle).catch(() => undefined))?.waitingForGymSince ?? null).toBeNull();
       const [first, crashed] = gym.metrics.map((m) => checkpointWorkflowId(cfg.run.name, m.checkpointId));
@@ -823,7 +819,7 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
       // Expired after the hold (clocks stopped), and sooner after the release than a full budget
       // would allow (banked remainder; the 700 ms spent before the hold are not given back).
       expect(expiredAt - dispatchedAt).toBeGreaterThanOrEqual(BUDGET_S * 1000 + holdMs);
-      expect(expiredAt - releasedAt).toBeLessThan(BUDGET_S * 1000 - 300);
+      expect(expiredAt - releasedAt).toBeLessThan(BUDGET_S * 1000);
       await until(() => gym.runKeys().length === 4, 'both redispatched');
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 2 });

@@ -1,24 +1,28 @@
 // The checkpoint pump: when a checkpoint is due (periodic, trainer boundary, manual, or a pending
-// release/abort to retry), its attempt started as a child workflow with admission closed, its
-// outcome recorded, and "Gym does not recover" decided from the failures of a Gym that is up.
-import { ApplicationFailure, ParentClosePolicy, log, setCurrentDetails, sleep, startChild, upsertMemo, uuid4 } from '@temporalio/workflow';
+// release/abort to retry), its attempt started as a child workflow with admission closed in every
+// shard, its outcome recorded, and "Gym does not recover" decided from the failures of a Gym that
+// is up.
+import { ApplicationFailure, ParentClosePolicy, executeChild, log, setCurrentDetails, sleep, upsertMemo, uuid4 } from '@temporalio/workflow';
 import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/controller.js';
-import { captureKey } from '../../protocol/episode-id.js';
 import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
-import * as D from '../deadlines.js';
 import { unreachableServers } from '../failures.js';
-import * as L from '../ledger.js';
+import { HOLDERS, releasedHolds } from '../messages.js';
 import type { RunContext } from './context.js';
-import { answerLedgerCut } from './ledger-cut.js';
+import { ensureShards, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
 
-const GYM_HOLDER = 'gym-checkpoint';
 /** A pending release or abort is retried this often: admission stays closed until it goes through. */
 const PENDING_RETRY_MS = 5_000;
 
-function openGymGate(ctx: RunContext): void {
+async function openGymGate(ctx: RunContext): Promise<void> {
   ctx.st.gates.gymCheckpoint = false;
-  D.release(ctx.st.deadlines, GYM_HOLDER);
+  await syncHolds(ctx);
+}
+
+/** The attempt released the shards itself once Gym resumed: the run takes the same holds over, then syncs any change since. */
+async function gateReleasedByAttempt(ctx: RunContext): Promise<void> {
+  ctx.st.holds = releasedHolds(ctx.st.holds, HOLDERS.checkpoint);
+  await openGymGate(ctx);
 }
 
 export function checkpointDue(ctx: RunContext): boolean {
@@ -138,7 +142,7 @@ export async function retryPending(ctx: RunContext, trigger: CheckpointTrigger):
   const snapshotDir = st.pendingRelease?.snapshotDir;
   st.pendingRelease = null;
   st.pendingAbort = null;
-  openGymGate(ctx);
+  await openGymGate(ctx);
   // A released pending snapshot is a completed checkpoint; an abort only reopens the gate.
   return released ? { checkpointId: pending.checkpointId, trigger, outcome: 'completed', reason: 'completed', snapshotDir, ...at() } : undefined;
 }
@@ -160,31 +164,28 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
   st.checkpointSeq += 1;
   const checkpointId = `rollout-step-${st.steps}-snapshot-${st.checkpointSeq}-${uuid4().replace(/-/g, '')}`;
   const closedAt = Date.now();
+  // Admission closed everywhere at once: every shard has the hold in its history before the
+  // attempt asks them for their episodes in flight (the scope's candidates).
   st.gates.gymCheckpoint = true;
-  D.hold(st.deadlines, GYM_HOLDER);
+  await ensureShards(ctx);
+  await syncHolds(ctx);
   setCurrentDetails(`**run** \`${cfg.run.name}\`: checkpoint \`${checkpointId}\` (${trigger}) in progress`);
-  // Scope candidates: attempts in flight, and restored replacements (N+1) not dispatched yet —
-  // a scope that left them out would delete their saved turns.
-  const inFlight = [
-    ...Object.values(st.inFlight).map((f) => f.episode),
-    ...L.reservedAttempts(st.ledger)
-      .filter(({ attempt }) => attempt.continued)
-      .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
-  ];
-  const handle = await startChild(checkpointAttempt, {
+  const o = await executeChild(checkpointAttempt, {
     workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),
     taskQueue: cfg.run.task_queue,
     parentClosePolicy: ParentClosePolicy.ABANDON,
     staticSummary: `${trigger} checkpoint ${checkpointId} of run ${cfg.run.name}`,
-    staticDetails: `${inFlight.length} rollouts in flight at step ${st.steps}`,
+    staticDetails: `at step ${st.steps}, ${st.shards} rollout shards`,
     args: [
       {
         run: cfg.run.name,
-        runWorkflowId: ctx.runId,
         checkpointId,
         trigger,
         topology: st.topology,
-        inFlight,
+        shards: st.shards,
+        holds: st.holds,
+        cut: { dataloaderCursor: st.cursor, baseTrainStep: st.steps, trainerVersion: st.trainerVersion },
+        lateResultWaitMs: cfg.controller.late_result_wait_ms,
         checkpointDir: cfg.run.checkpoint_dir,
         anchor: st.steps === 0 ? 'bootstrap' : `step_${st.steps}`,
         prepareTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
@@ -195,23 +196,22 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
       },
     ],
   });
-  const o = await answerLedgerCut(ctx, handle, checkpointId, new Set(inFlight.map(captureKey)));
-  o.seconds.admission_closed_seconds = (Date.now() - closedAt) / 1000;
   if (o.releasePending && o.snapshotDir) {
     st.pendingRelease = { checkpointId, snapshotDir: o.snapshotDir, trigger };
     st.lastSnapshot = o.snapshotDir; // published and durable even though Gym is still paused
   } else if (o.abortPending) {
     st.pendingAbort = { checkpointId, trigger };
   } else {
-    openGymGate(ctx);
+    await gateReleasedByAttempt(ctx);
   }
+  // Until the attempt reopened the shards (or until now, when admission stays closed).
+  o.seconds.admission_closed_seconds = ((o.releasedAtMs ?? Date.now()) - closedAt) / 1000;
   // Published: older snapshots go now, with admission open (best effort: the next one retries;
   // the run awaits it before it continues as new or ends).
   if (o.snapshotDir) {
     const applied = ctx.storage.applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
     ctx.retention = Promise.all([ctx.retention, applied]);
   }
-  if (o.outcome === 'completed' && o.snapshotDir) st.lastSnapshotScope = o.scope ?? [];
   if (o.gymRestarted || o.gymUnreachable) st.recoveryNeeded = true;
   return o;
 }

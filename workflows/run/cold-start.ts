@@ -3,9 +3,6 @@
 // and its snapshot, or the anchor's Gym-restart fallback).
 import { ApplicationFailure, log } from '@temporalio/workflow';
 import type { GymTopology } from '../../protocol/controller.js';
-import { unpacked } from '../../protocol/packed-json.js';
-import * as L from '../ledger.js';
-import { checkLedger } from '../ledger-invariants.js';
 import { resolveLevels, TargetLevelError, type EnvironmentCapabilities } from '../target-levels.js';
 import type { RunContext } from './context.js';
 import { refitTarget } from './training.js';
@@ -14,9 +11,9 @@ import { refitTarget } from './training.js';
  * A new run on an existing checkpoint directory (`restore_mode: latest`, controller.md §3.7, §4):
  * the newest valid trainer anchor, then that anchor's newest snapshot that validates against the
  * discovered topology — or, without one, the anchor's Gym-restart fallback (keep sealed siblings,
- * start every unfinished one over). The ledger is checked before anything is admitted; the Gym
- * restore itself is the recovery pass that runs before the first dispatch. True when there is
- * something to recover.
+ * start every unfinished one over). The rollout shards take their slices of its ledger when they
+ * start, and check them before anything is admitted; the Gym restore itself is the recovery pass
+ * that runs before the first dispatch. True when there is something to recover.
  */
 export async function coldStart(ctx: RunContext, topology: GymTopology): Promise<boolean> {
   const { st, cfg } = ctx;
@@ -24,15 +21,14 @@ export async function coldStart(ctx: RunContext, topology: GymTopology): Promise
   const refuse = (message: string): ApplicationFailure => ApplicationFailure.nonRetryable(`restore_mode latest: ${message}`, 'invalid_restore');
   const anchor = ctx.ownsWeights ? await ctx.storage.latestTrainerAnchor({ checkpointDir }) : null;
   const snap = await ctx.storage.latestSnapshot({ checkpointDir, fingerprint: topology.fingerprint, ...(anchor ? { anchor: anchor.anchor } : {}) });
-  let ledger: unknown;
   let step: number;
   let version: number;
   if (snap) {
     if (anchor && snap.manifest.base_train_step !== anchor.step) {
       throw refuse(`snapshot ${snap.dir} is at step ${snap.manifest.base_train_step}, not at its anchor ${anchor.anchor}`);
     }
-    // Packed: the ledger of thousands in flight outgrew one payload.
-    ledger = unpacked(snap.ledger);
+    st.loadFrom = { dir: snap.dir, files: snap.manifest.ledger_parts.map((p) => p.file) };
+    st.cursor = snap.manifest.dataloader_cursor;
     step = snap.manifest.base_train_step;
     version = snap.manifest.trainer_version;
   } else if (anchor) {
@@ -41,32 +37,23 @@ export async function coldStart(ctx: RunContext, topology: GymTopology): Promise
     if (fallback.gym_topology_fingerprint !== topology.fingerprint) {
       throw refuse(`the Gym topology of ${anchor.anchor} (${fallback.gym_topology_fingerprint.slice(0, 12)}…) differs from the discovered one (${topology.fingerprint.slice(0, 12)}…)`);
     }
-    ledger = unpacked(fallback.ledger);
+    st.loadFrom = { marker: fallback.file };
+    st.cursor = fallback.cursor;
     step = anchor.step;
     version = anchor.version;
   } else {
     return false; // nothing to take over: a fresh start
-  }
-  try {
-    checkLedger(ledger as L.Ledger);
-  } catch (err) {
-    throw refuse(`the ledger of ${snap?.dir ?? anchor?.anchor} is invalid: ${(err as Error).message}`);
   }
   if (anchor) {
     const r = await ctx.storage.restoreTrainer({ run: cfg.run.name, checkpointDir, ...refitTarget(ctx), anchor: anchor.anchor, adopt: true });
     version = r.version;
     st.lastAnchorStep = anchor.step;
   }
-  const restored = ledger as L.Ledger;
-  st.ledger = restored;
   st.steps = step;
   st.trainerVersion = version;
-  // Groups of the steps before it were trained; count their rollouts with the sealed ones carried.
-  st.completedRollouts =
-    step * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt +
-    Object.values(restored.groups).reduce((n, g) => n + g.siblings.filter((s) => L.currentAttempt(s).status === 'sealed').length, 0);
+  // Groups of the steps before it were trained; the shards count the sealed ones they take over.
+  st.completedRollouts = step * cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt;
   st.lastSnapshot = snap?.dir ?? null;
-  st.lastSnapshotScope = snap?.manifest.gym_checkpoint.scope ?? [];
   st.restoredFrom = { anchor: anchor?.anchor ?? null, snapshotDir: snap?.dir ?? null, step, trainerVersion: version, skipped: snap?.skipped ?? [] };
   st.recoveryNeeded = true;
   log.info('cold start: taking over an existing checkpoint', { ...st.restoredFrom, skipped: st.restoredFrom.skipped.length });

@@ -4,9 +4,10 @@
 import { ApplicationFailure, workflowInfo } from '@temporalio/workflow';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
-import { controlActivities, gymProbeActivities, gymRecoveryActivities, storageActivities, storageLocalActivities, type Activities, type LocalActivities } from '../activities-proxy.js';
-import type { CheckpointCommitted, CheckpointPrepared, RunStatus } from '../messages.js';
-import type { InFlight, RunState } from './state.js';
+import { controlActivities, gymRecoveryActivities, storageActivities, type Activities } from '../activities-proxy.js';
+import type { RunStatus } from '../messages.js';
+import { ShardAsker } from '../shard-asker.js';
+import { totalInFlight, type RunState } from './state.js';
 
 export class RunContext {
   readonly runId = workflowInfo().workflowId;
@@ -14,12 +15,10 @@ export class RunContext {
   readonly control: Activities;
   /** Snapshot I/O, the dataset and the trainer: retried until they succeed or fail for good. */
   readonly storage: Activities;
-  /** The ledger cut: a local activity, so the ledger stays out of the history. */
-  readonly storageLocal: LocalActivities;
-  /** One discovery after live failures, not retried (run/live-failures.ts). */
-  readonly gymProbe: Activities;
   /** Discovery while a recovery waits for Gym (bounded by `controller.gym_recovery_timeout_s`). */
   readonly gymRecovery: Activities;
+  /** Requests to every shard and their answers. */
+  readonly shardsAsk: ShardAsker;
   readonly totalGroups: number;
   /** `tiny_grpo`, `none` (collect rollouts for an external trainer) or `external`. */
   readonly trainerKind: RunConfig['trainer']['kind'];
@@ -32,8 +31,6 @@ export class RunContext {
   changed = false;
   fatal: ApplicationFailure | undefined;
   checkpointRunning = false;
-  /** The deadline clock ticked past some deadline (run/deadline-clock.ts): signalExpired() looks. */
-  expiryDue = false;
   /** The periodic checkpoint's timer fired (run/checkpoints.ts armCheckpointTimer). */
   checkpointTimerFired = false;
   checkpointTimerSeq = 0;
@@ -41,16 +38,13 @@ export class RunContext {
   boundaryRequested = false;
   training = false;
   recovering = false;
+  /** A recovery waits for Gym to answer: the shards' deadline clocks are held. */
+  gymDown = false;
   manualRequested = 0;
   manualServed = 0;
   manualOutcomes: Record<number, CheckpointOutcome> = {};
-  /** The attempt's requests for the ledger cut (checkpointPrepared, checkpointCommitted). */
-  earlyCutRequest: CheckpointPrepared | undefined;
-  cutRequest: CheckpointCommitted | undefined;
   /** Retention after the latest published snapshots (awaited before continue-as-new and the end). */
   retention: Promise<unknown> = Promise.resolve();
-  /** In-flight attempts whose cohort started over without them: told to stop (run/reports.ts). */
-  toStop: InFlight[] = [];
 
   constructor(
     readonly cfg: RunConfig,
@@ -59,9 +53,8 @@ export class RunContext {
     const placement = { taskQueue: cfg.run.task_queue, scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s };
     this.control = controlActivities(placement);
     this.storage = storageActivities(placement);
-    this.storageLocal = storageLocalActivities();
-    this.gymProbe = gymProbeActivities(placement);
     this.gymRecovery = gymRecoveryActivities(placement, cfg.controller.gym_recovery_timeout_s);
+    this.shardsAsk = new ShardAsker(cfg.run.name, () => ++st.requestSeq);
     this.totalGroups = cfg.grpo.max_num_steps * cfg.grpo.num_prompts_per_step;
     this.trainerKind = cfg.trainer.kind;
     this.ownsWeights = cfg.trainer.enabled && cfg.trainer.kind !== 'none';
@@ -96,8 +89,8 @@ export class RunContext {
       run: this.cfg.run.name,
       phase: this.phase(),
       steps: st.steps,
-      cursor: st.ledger.cursor,
-      inFlight: Object.keys(st.inFlight).length,
+      cursor: st.cursor,
+      inFlight: totalInFlight(st),
       completedRollouts: st.completedRollouts,
       failedRollouts: st.failedRollouts,
       gates: { ...st.gates },
@@ -109,6 +102,7 @@ export class RunContext {
       checkpoints: st.checkpoints,
       rewardPerStep: st.rewardPerStep,
       continuedAsNew: st.continuedAsNew,
+      shards: st.shards,
     };
   }
 

@@ -1,66 +1,57 @@
 // Recovery after a Gym crash, with the controller alive (design.md "Recovery"): wait for Gym, let
 // every attempt in flight report, restore the latest published snapshot all-or-nothing into the
-// fresh processes (recovery-plan.ts decides the scope and what each sibling becomes), retire the
-// dead attempts. Sealed work is never redone: it is in the run's history.
-import { ApplicationFailure, condition, isCancellation, log, setCurrentDetails, sleep, uuid4 } from '@temporalio/workflow';
-import type { GymTopology } from '../../protocol/controller.js';
-import * as D from '../deadlines.js';
+// fresh processes, settle what each unfinished sibling becomes. The shards plan and settle their
+// own slices (recovery-plan.ts); the run holds admission, waits for Gym and makes the one restore
+// call over every shard's part of the scope. Sealed work is never redone: it is in the shards'
+// histories.
+import { ApplicationFailure, isCancellation, log, setCurrentDetails, sleep, uuid4 } from '@temporalio/workflow';
+import { recoveryDir, type GymTopology } from '../../protocol/controller.js';
 import { describeFailure } from '../failures.js';
-import * as L from '../ledger.js';
-import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
+import type { ShardAnswer } from '../messages.js';
+import { allShards } from '../shard-asker.js';
 import { record, retryPending } from './checkpoints.js';
-import { settleLiveFailures } from './live-failures.js';
 import type { RunContext } from './context.js';
-import { signalExpired, stopAbandoned, takeReports } from './stops.js';
+import { shardTopology } from './dispatch.js';
+import { ensureShards, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES, type RecoveryRecord } from './state.js';
-
-const RECOVERY_HOLDER = 'gym-recovery';
 
 /** `cold`: the first recovery of a run that took over another's checkpoint directory. */
 export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
   const { st, cfg } = ctx;
-  // While Gym is down its attempts cannot report: their clocks stop, or a crash would spend them.
-  D.hold(st.deadlines, RECOVERY_HOLDER);
   ctx.recovering = true;
-  let held = true;
-  const rec: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: [], restarted: [] };
+  const rec: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: 0, restarted: 0, continuedSample: [] };
   try {
-    // Failures not yet charged were this crash's: their siblings start over uncharged.
-    await settleLiveFailures(ctx);
-    // Gym first: attempts in flight report only once their processes answer again.
+    await ensureShards(ctx);
+    // Gym first: attempts in flight report only once their processes answer again. While Gym is
+    // down their clocks stop (the deadline hold), or a crash would spend them.
     st.topology = await waitForGym(ctx);
     // Gym is up: the failures before this were its crash, not a Gym that does not recover.
     st.consecutiveFailures = 0;
     // A checkpoint left prepared (its abort or release pending) holds the surviving processes'
     // episodes at their boundaries: release it first, or they never report.
     await settlePending(ctx);
-    // Gym is up: the attempts still in flight on surviving processes run as usual until they
-    // report, deadlines included (a hung one is stopped at its deadline instead of holding this).
-    D.release(st.deadlines, RECOVERY_HOLDER);
-    held = false;
-    for (;;) {
-      takeReports(ctx);
-      await stopAbandoned(ctx);
-      await signalExpired(ctx);
-      if (Object.keys(st.inFlight).length === 0) break;
-      await condition(() => st.reports.length > 0 || (ctx.expiryDue && D.isRunning(st.deadlines)));
-    }
+    // The attempts still in flight on surviving processes run as usual until they report,
+    // deadlines included (a hung one is stopped at its deadline instead of holding this).
+    requireAll('drain', await ctx.shardsAsk.ask(allShards(st.shards), () => ({ kind: 'drain' })));
     // Again: a second crash may have come while the attempts reported.
     const topology = await waitForGym(ctx);
     st.topology = topology;
-    const plan = planRecovery(st.ledger, { lastSnapshot: st.lastSnapshot, lastSnapshotScope: st.lastSnapshotScope });
-    let restored = new Set<string>();
+    const restoreId = `restore-${uuid4().replace(/-/g, '')}`;
+    const dir = recoveryDir(cfg.run.checkpoint_dir, restoreId);
+    const plans = await ctx.shardsAsk.ask(allShards(st.shards), () => ({ kind: 'planRestore', snapshotDir: st.lastSnapshot, dir }));
+    const badSlice = plans.find((a) => a.error?.includes('ledger slice'));
+    if (cold && badSlice) throw ApplicationFailure.nonRetryable(`restore_mode latest: ${badSlice.error}`, 'invalid_restore');
+    const planned = requireAll('plan', plans);
+    const scopeCount = planned.reduce((n, a) => n + (a.count ?? 0), 0);
     let restoreFailed = false;
-    if (plan.scope.length > 0 && st.lastSnapshot) {
-      const restoreId = `restore-${uuid4().replace(/-/g, '')}`;
+    if (scopeCount > 0 && st.lastSnapshot) {
       rec.restoreId = restoreId;
       const timeoutS = cfg.rollout_checkpointing.gym.prepare_timeout_s;
       try {
-        const r = await ctx.control.gymRestore.executeWithOptions({ summary: `restore ${plan.scope.length} episodes from ${st.lastSnapshot}` }, [
-          { topology, restoreId, timeoutS, checkpointDir: st.lastSnapshot, scope: plan.scope },
+        await ctx.control.gymRestore.executeWithOptions({ summary: `restore ${scopeCount} episodes from ${st.lastSnapshot}` }, [
+          { topology, restoreId, timeoutS, checkpointDir: st.lastSnapshot, scope: { dir, shards: st.shards } },
         ]);
         await ctx.control.gymResume({ topology, checkpointId: restoreId, timeoutS });
-        restored = restoredRollouts(plan, r.restored);
       } catch (err) {
         // All or nothing: the coordination client retired the replacements N+1 everywhere.
         restoreFailed = true;
@@ -68,36 +59,46 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
         log.warn('restore after the Gym crash failed; unfinished work starts over', { error: rec.error });
       }
     }
-    const settled = settleRecovery(st.ledger, plan, { restored, restoreFailed, cold });
-    rec.continued = settled.continued;
-    rec.restarted = settled.restarted;
-    st.completedRollouts -= settled.superseded;
-    // A harness of a dead attempt that outlived the crash must not write into the rerun.
-    if (settled.retire.length > 0) {
-      await ctx.control.gymRetire({ topology, timeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s, episodes: settled.retire }).catch((err) => {
-        log.warn('retiring the dead attempts failed (fresh processes hold nothing of them)', { error: String(err) });
-      });
-      st.forgetQueue.push(...settled.retire.map((e) => e.rollout_id).filter((r) => !L.findSibling(st.ledger, r)));
-    }
-    log.info('recovered from a Gym crash', { continued: rec.continued.length, restarted: rec.restarted.length });
+    const settled = requireAll(
+      'settle',
+      await ctx.shardsAsk.ask(allShards(st.shards), () => ({ kind: 'settleRecovery', dir, restoreFailed, cold, topology: shardTopology(topology) })),
+    );
+    for (const a of settled) st.reported[a.shard] = { assigned: a.assigned ?? 0, unfinished: a.unfinished ?? 0, inFlight: 0 };
+    st.recoveryEpoch += 1;
+    rec.continued = settled.reduce((n, a) => n + (a.continued ?? 0), 0);
+    rec.restarted = settled.reduce((n, a) => n + (a.restarted ?? 0), 0);
+    rec.continuedSample = settled.flatMap((a) => a.continuedKeys ?? []);
+    await ctx.storage.removeControllerDir({ dir });
+    log.info('recovered from a Gym crash', { continued: rec.continued, restarted: rec.restarted });
   } finally {
     st.recoveries = [...st.recoveries, rec].slice(-MAX_KEPT_OUTCOMES);
     st.recoveryNeeded = false;
     ctx.recovering = false;
-    if (held) D.release(st.deadlines, RECOVERY_HOLDER);
+    ctx.gymDown = false;
+    await syncHolds(ctx);
     ctx.wake();
   }
+}
+
+/** Every shard did its part, or the run cannot know what its ledger holds. */
+function requireAll(step: string, answers: ShardAnswer[]): ShardAnswer[] {
+  const failed = answers.filter((a) => a.error !== undefined);
+  if (failed.length > 0) throw ApplicationFailure.nonRetryable(`recovery (${step}): ${failed.map((a) => `shard ${a.shard}: ${a.error}`).join('; ')}`, 'invariant_error');
+  return answers;
 }
 
 /**
  * Discovery until every Gym participant answers: after a crash the run's normal state, not a
  * failure. Retried with backoff up to `controller.gym_recovery_timeout_s`; meanwhile the status
- * phase is `waiting_for_gym` and the UI shows the pending discovery with its attempts.
+ * phase is `waiting_for_gym`, the shards' deadline clocks are held, and the UI shows the pending
+ * discovery with its attempts.
  */
 async function waitForGym(ctx: RunContext): Promise<GymTopology> {
   const { st, cfg } = ctx;
   const timeoutS = cfg.controller.gym_recovery_timeout_s;
   st.waitingForGymSince = new Date().toISOString();
+  ctx.gymDown = true;
+  await syncHolds(ctx);
   setCurrentDetails(`**run** \`${cfg.run.name}\`: waiting for Gym to answer again (since ${st.waitingForGymSince}, up to ${timeoutS} s)`);
   try {
     return await ctx.gymRecovery.discoverGym.executeWithOptions({ summary: `wait for Gym (up to ${timeoutS} s)` }, [
@@ -111,6 +112,8 @@ async function waitForGym(ctx: RunContext): Promise<GymTopology> {
     );
   } finally {
     st.waitingForGymSince = null;
+    ctx.gymDown = false;
+    await syncHolds(ctx);
   }
 }
 
@@ -123,7 +126,7 @@ async function settlePending(ctx: RunContext): Promise<void> {
     if (ctx.fatal) throw ctx.fatal;
     if (st.pendingRelease || st.pendingAbort) {
       if (o?.gymUnreachable) st.topology = await waitForGym(ctx);
-      else await sleep(Math.min(10_000, 1_000 * 2 ** i));
+      else await sleep(Math.min(10_000, 1_000 * 2 ** Math.min(i, 4)));
     }
   }
 }

@@ -1,11 +1,15 @@
-// The run's rollout shards (workflows/rolloutShard.ts): how many, which one a prompt group's
-// attempts go to, starting them, handing them attempts, closing them at the run's end.
+// The run's rollout shards (workflows/rolloutShard.ts): how many, starting them, assigning them
+// prompt groups, telling them the holds, closing them at the run's end.
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
 import { CancellationScope, ParentClosePolicy, getExternalWorkflowHandle, isCancellation, startChild } from '@temporalio/workflow';
 import type { RunConfig } from '../../protocol/run-config.js';
-import { closeShard, startAttempts, type AttemptStarts } from '../messages.js';
-import { rolloutShard, shardWorkflowId } from '../rolloutShard.js';
+import { HOLDERS, assignGroups, closeShard, setHolds, type AssignGroups, type Holds } from '../messages.js';
+import { rolloutShard } from '../rolloutShard.js';
+import { allShards } from '../shard-asker.js';
+import { shardWorkflowId } from '../shard-id.js';
 import type { RunContext } from './context.js';
+
+export { shardOf } from '../../protocol/controller.js';
 
 /** The run's signal budget for reports (signals a second from all shards together). */
 const REPORT_SIGNALS_PER_S = 20;
@@ -16,17 +20,7 @@ export function shardCount(cfg: RunConfig): number {
   return Math.max(1, Math.ceil(window / cfg.controller.rollouts_per_shard));
 }
 
-/** The shard of a prompt group (every attempt of a group goes to the same one): FNV-1a of its ID. */
-export function shardOf(groupId: string, shards: number): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < groupId.length; i++) {
-    h ^= groupId.charCodeAt(i);
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h % shards;
-}
-
-/** Least time between two report batches of one shard: all of them together stay within the budget. */
+/** Least time between two reports of one shard: all of them together stay within the budget. */
 export function flushIntervalMs(shards: number): number {
   return Math.max(1_000, Math.ceil((shards * 1_000) / REPORT_SIGNALS_PER_S));
 }
@@ -45,6 +39,7 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
           run: cfg.run.name,
           runWorkflowId: ctx.runId,
           shard,
+          shards: st.shards,
           attempts: {
             controlTaskQueue: cfg.run.task_queue,
             runTaskQueue: cfg.run.rollout_task_queue,
@@ -52,9 +47,15 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
             runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
             scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
           },
-          taskQueue: cfg.run.task_queue,
           flushIntervalMs: flushIntervalMs(st.shards),
           maxHistoryEvents: cfg.controller.max_history_events,
+          maxAttemptsPerSibling: cfg.async_rl.max_attempts_per_sibling,
+          rolloutTimeoutS: cfg.async_rl.rollout_timeout_s,
+          gymRunDir: cfg.run.gym_run_dir,
+          requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
+          gymTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
+          holds: st.holds,
+          ...(st.loadFrom ? { load: st.loadFrom } : {}),
         },
       ],
     });
@@ -70,19 +71,55 @@ export async function ensureShards(ctx: RunContext): Promise<void> {
   const { st } = ctx;
   if (st.shards > 0) return;
   st.shards = shardCount(ctx.cfg);
-  await Promise.all(Array.from({ length: st.shards }, (_, k) => startShard(ctx, k)));
+  await Promise.all(allShards(st.shards).map((k) => startShard(ctx, k)));
 }
 
-/** Hands a shard attempts to start; a shard that is gone (it failed) is started again once. */
-export async function sendStarts(ctx: RunContext, shard: number, starts: AttemptStarts): Promise<void> {
+/** Signals a shard; one that is gone (it failed) is started again once. */
+async function toShard(ctx: RunContext, shard: number, send: (id: string) => Promise<void>): Promise<void> {
   const id = shardWorkflowId(ctx.cfg.run.name, shard);
   try {
-    await getExternalWorkflowHandle(id).signal(startAttempts, starts);
+    await send(id);
   } catch (err) {
     if (isCancellation(err)) throw err;
     await startShard(ctx, shard);
-    await getExternalWorkflowHandle(id).signal(startAttempts, starts);
+    await send(id);
   }
+}
+
+/** Hands a shard prompt groups to own. */
+export async function sendGroups(ctx: RunContext, shard: number, groups: AssignGroups): Promise<void> {
+  ctx.st.assigned[shard] = (ctx.st.assigned[shard] ?? 0) + groups.groups.length;
+  await toShard(ctx, shard, (id) => getExternalWorkflowHandle(id).signal(assignGroups, groups));
+}
+
+/** Who holds admission and the deadline clocks now, from the run's gates and flags. */
+export function desiredHolds(ctx: RunContext): Omit<Holds, 'seq'> {
+  const { st } = ctx;
+  const admission: string[] = [];
+  const deadlines: string[] = [];
+  if (st.gates.gymCheckpoint) admission.push(HOLDERS.checkpoint), deadlines.push(HOLDERS.checkpoint);
+  if (st.gates.weightSync) admission.push(HOLDERS.weightSync), deadlines.push(HOLDERS.weightSync);
+  // While Gym is down its attempts cannot report: their clocks stop, or a crash would spend them.
+  if (st.recoveryNeeded || ctx.recovering) admission.push(HOLDERS.recovery);
+  if (ctx.gymDown) deadlines.push(HOLDERS.recovery);
+  if (st.paused) admission.push(HOLDERS.paused);
+  if (st.stopRequested) admission.push(HOLDERS.stopping);
+  return { admission: admission.sort(), deadlines: deadlines.sort() };
+}
+
+/**
+ * Tells every shard the holds when they changed, and waits until each has them in its history: a
+ * shard dispatches nothing more once the signal is there, so a checkpoint may then ask for its
+ * candidates. Sent whole, with a sequence number (messages.ts Holds).
+ */
+export async function syncHolds(ctx: RunContext): Promise<void> {
+  const { st } = ctx;
+  const want = desiredHolds(ctx);
+  if (JSON.stringify(want) === JSON.stringify({ admission: st.holds.admission, deadlines: st.holds.deadlines })) return;
+  st.holds = { seq: st.holds.seq + 1, ...want };
+  if (st.shards === 0) return;
+  const holds = st.holds;
+  await Promise.all(allShards(st.shards).map((k) => toShard(ctx, k, (id) => getExternalWorkflowHandle(id).signal(setHolds, holds))));
 }
 
 /** Tells every shard the run ends (also when it fails or is cancelled). */
@@ -90,7 +127,7 @@ export async function closeShards(ctx: RunContext): Promise<void> {
   const { st, cfg } = ctx;
   await CancellationScope.nonCancellable(() =>
     Promise.all(
-      Array.from({ length: st.shards }, (_, k) =>
+      allShards(st.shards).map((k) =>
         getExternalWorkflowHandle(shardWorkflowId(cfg.run.name, k))
           .signal(closeShard)
           .catch(() => undefined),

@@ -1,30 +1,21 @@
-// The training run's state: what it carries across continue-as-new (the recovery ledger, gates,
-// deadlines, the attempts in flight, the checkpoint pump's record) and what it returns.
-import type { TrainBatch } from '../../activities/trainer.js';
-import type { CheckpointOutcome, CheckpointTrigger, GymTopology, RolloutReport } from '../../protocol/controller.js';
-import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
-import type { PackedJson } from '../../protocol/packed-json.js';
+// The training run's state: what it carries across continue-as-new. Nothing per rollout: the
+// prompt groups in flight, their attempts and results live in the rollout shards
+// (rolloutShard.ts); the run keeps the dataset cursor, the steps, the gates and holds, the
+// checkpoint pump's record, and a line per sealed group waiting for a training step.
+import type { CheckpointOutcome, CheckpointTrigger, GymTopology } from '../../protocol/controller.js';
+import type { CaptureKey } from '../../protocol/episode-id.js';
 import type { RunConfig } from '../../protocol/run-config.js';
-import * as D from '../deadlines.js';
-import * as L from '../ledger.js';
+import type { Holds, ShardReport } from '../messages.js';
 import type { EnvironmentLevel } from '../target-levels.js';
 
-export interface InFlight {
-  episode: EpisodeId;
-  groupId: string;
-  environment: string;
-  workflowId: string;
-  /** Told to stop (its deadline expired, or its cohort started over without it): signalled once. */
-  stopSignalled: boolean;
-}
-
 export interface RunState {
-  ledger: L.Ledger;
+  /** Dataloader cursor: the next prompt group to reserve. */
+  cursor: number;
   topology: GymTopology | null;
-  deadlines: D.DeadlineRegistry;
-  inFlight: Record<CaptureKey, InFlight>;
   /** true = closed. Neither owner reopens the other's gate (controller.md §1.1). */
   gates: { weightSync: boolean; gymCheckpoint: boolean };
+  /** The holds last sent to the shards (run/holds.ts). */
+  holds: Holds;
   pendingRelease: { checkpointId: string; snapshotDir: string; trigger: CheckpointTrigger } | null;
   pendingAbort: { checkpointId: string; trigger: CheckpointTrigger } | null;
   lastSnapshot: string | null;
@@ -35,30 +26,36 @@ export interface RunState {
   rewardPerStep: number[];
   completedRollouts: number;
   failedRollouts: number;
-  /** Reports received and not yet applied (carried across continue-as-new). */
-  reports: RolloutReport[];
-  /** Live failures not charged to their siblings until the run has looked at Gym (run/reports.ts). */
-  unconfirmedFailures: RolloutReport[];
-  /** Rollouts finished for good, to `forget` in Gym. */
-  forgetQueue: string[];
+  /** Shard reports received and not yet applied. */
+  reports: ShardReport[];
+  /** Sealed groups not trained yet: `[dataset position, shard]` (their results are in the shard). */
+  ready: Array<[index: number, shard: number]>;
+  /**
+   * Per shard: groups assigned so far; and, as of its last report, how many of those it had
+   * received, how many groups it had unfinished, how many attempts in flight.
+   */
+  assigned: number[];
+  reported: Array<{ assigned: number; unfinished: number; inFlight: number }>;
   lastCheckpointAtMs: number | null;
   checkpointSeq: number;
   continuedAsNew: number;
   paused: boolean;
   stopRequested: boolean;
-  /** Batches trained since the newest trainer anchor (re-sent when the trainer lost its state). */
-  trainedBatches: Array<{ step: number; expectedVersion: number; batch: TrainBatch; cursor: number }>;
+  /** Batches trained since the newest trainer anchor (their files re-sent when the trainer lost its state). */
+  trainedBatches: Array<{ step: number; expectedVersion: number; batchFiles: string[]; cursor: number }>;
   /** Step of the newest durable trainer anchor (0: bootstrap). */
   lastAnchorStep: number;
-  /** Capture keys the last published snapshot continues (its Gym scope). */
-  lastSnapshotScope: CaptureKey[];
   /** A Gym process restarted under in-flight attempts: restore and redispatch before new work. */
   recoveryNeeded: boolean;
   /** Since when a recovery waits for Gym to answer again (ISO time), or null. */
   waitingForGymSince: string | null;
   recoveries: RecoveryRecord[];
+  /** Recoveries done: a shard's crash report from before the last one (a lower epoch) was that one's. */
+  recoveryEpoch: number;
   /** What a cold `restore_mode: latest` start took over (null: started fresh, or a warm run). */
   restoredFrom: RestoredFrom | null;
+  /** The saved ledger the shards take their slices of when they start (a cold start). */
+  loadFrom: { dir: string; files: string[] } | { marker: string } | null;
   /** The step whose missing trainer anchor was already reported (log once per step). */
   missingAnchorStep: number | null;
   /** Per environment (`recovery_granularity`, `restore_level`), resolved once at setup from discovery. */
@@ -67,6 +64,8 @@ export interface RunState {
   levelWarnings: string[];
   /** Rollout shards started (run/shards.ts); 0 before the first dispatch. */
   shards: number;
+  /** Requests to the shards issued so far (their IDs). */
+  requestSeq: number;
 }
 
 export interface RestoredFrom {
@@ -84,15 +83,18 @@ export interface RecoveryRecord {
   at: string;
   restoreId: string | null;
   snapshotDir: string | null;
-  continued: CaptureKey[];
-  restarted: CaptureKey[];
+  /** Siblings that went on from their saved turn, and siblings that started over. */
+  continued: number;
+  restarted: number;
+  /** Some of the continued siblings (at most 100 a shard), by the capture key they go on as. */
+  continuedSample: CaptureKey[];
   error?: string;
 }
 
 export interface TrainingRunInput {
   config: RunConfig;
-  /** Carried across continue-as-new, packed (run/codec.ts). */
-  state?: PackedJson;
+  /** Carried across continue-as-new. */
+  state?: RunState;
 }
 
 export interface RunSummary {
@@ -112,13 +114,12 @@ export interface RunSummary {
 /** Outcomes and recoveries the run keeps (status, summary, continue-as-new). */
 export const MAX_KEPT_OUTCOMES = 50;
 
-export function initialState(config: RunConfig): RunState {
+export function initialState(): RunState {
   return {
-    ledger: L.emptyLedger(config.run.name),
+    cursor: 0,
     topology: null,
-    deadlines: D.emptyDeadlines(),
-    inFlight: {},
     gates: { weightSync: false, gymCheckpoint: false },
+    holds: { seq: 0, admission: [], deadlines: [] },
     pendingRelease: null,
     pendingAbort: null,
     lastSnapshot: null,
@@ -130,8 +131,9 @@ export function initialState(config: RunConfig): RunState {
     completedRollouts: 0,
     failedRollouts: 0,
     reports: [],
-    unconfirmedFailures: [],
-    forgetQueue: [],
+    ready: [],
+    assigned: [],
+    reported: [],
     lastCheckpointAtMs: null,
     checkpointSeq: 0,
     continuedAsNew: 0,
@@ -139,16 +141,48 @@ export function initialState(config: RunConfig): RunState {
     stopRequested: false,
     trainedBatches: [],
     lastAnchorStep: 0,
-    lastSnapshotScope: [],
     recoveryNeeded: false,
     waitingForGymSince: null,
     recoveries: [],
+    recoveryEpoch: 0,
     restoredFrom: null,
+    loadFrom: null,
     missingAnchorStep: null,
     levels: null,
     levelWarnings: [],
     shards: 0,
+    requestSeq: 0,
   };
+}
+
+/** Applies the shards' reports (pure): sealed groups join `ready`, counts and crashes are noted. */
+export function applyShardReports(st: RunState): void {
+  const reports = st.reports;
+  st.reports = [];
+  const have = new Set(st.ready.map(([index]) => index));
+  for (const r of reports) {
+    for (const index of r.sealed) {
+      if (have.has(index)) continue;
+      have.add(index);
+      st.ready.push([index, r.shard]);
+    }
+    st.completedRollouts += r.completed;
+    st.failedRollouts += r.failed;
+    st.reported[r.shard] = { assigned: r.assigned, unfinished: r.unfinished, inFlight: r.inFlight };
+    if (r.gymCrashed !== undefined && r.epoch >= st.recoveryEpoch) st.recoveryNeeded = true;
+  }
+}
+
+/** Attempts in flight in every shard, as last reported. */
+export function totalInFlight(st: RunState): number {
+  return st.reported.reduce((n, r) => n + (r?.inFlight ?? 0), 0);
+}
+
+/** Unfinished groups in every shard: as last reported, plus the ones assigned since that report was written. */
+export function totalUnfinished(st: RunState): number {
+  let n = 0;
+  for (let k = 0; k < st.shards; k++) n += (st.reported[k]?.unfinished ?? 0) + (st.assigned[k] ?? 0) - (st.reported[k]?.assigned ?? 0);
+  return n;
 }
 
 export function summaryOf(cfg: RunConfig, st: RunState): RunSummary {

@@ -93,7 +93,7 @@ describe('trainer none over llama.cpp', () => {
     await waitFor('two calls held', () => proxy!.held().length >= 2, 120_000);
     const outcome = await handle.executeUpdate(checkpointNow);
     expect(outcome).toMatchObject({ outcome: 'completed' });
-    expect(outcome.scope?.length ?? 0).toBeGreaterThanOrEqual(2);
+    expect(outcome.scopeCount ?? 0).toBeGreaterThanOrEqual(2);
 
     await killDeployment(join(dir, 'gym'));
     proxy!.release();
@@ -102,12 +102,12 @@ describe('trainer none over llama.cpp', () => {
     const summary = await handle.result();
     const seconds = (Date.now() - t0) / 1000;
     console.log(
-      `llama trainer-none run: ${seconds.toFixed(1)} s, recoveries ${JSON.stringify(summary.recoveries.map((r) => ({ continued: r.continued.length, restarted: r.restarted.length })))}, calls ${proxy!.generations().length}`,
+      `llama trainer-none run: ${seconds.toFixed(1)} s, recoveries ${JSON.stringify(summary.recoveries.map((r) => ({ continued: r.continued, restarted: r.restarted })))}, calls ${proxy!.generations().length}`,
     );
     const perStep = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt;
     expect(summary).toMatchObject({ steps: 3, completedRollouts: 3 * perStep, failedRollouts: 0, trainerVersion: 0 });
     expect(summary.recoveries.length).toBeGreaterThanOrEqual(1);
-    const continued = summary.recoveries.flatMap((r) => r.continued);
+    const continued = summary.recoveries.flatMap((r) => r.continuedSample);
     expect(continued.length).toBeGreaterThanOrEqual(2);
 
     const lines = await readRolloutBatches(cfg.run.checkpoint_dir);

@@ -1,31 +1,31 @@
-// Live failures checked against Gym before they cost an attempt: the run looks at Gym once
+// Live failures checked against Gym before they cost an attempt: the shard looks at Gym once
 // (discovery, not retried) for the failures received since its last look. A server that does not
-// answer or answers as a new process means they were a crash's (the recovery restarts those
-// siblings without charging them); the same processes all answering means each failure was its
-// episode's own (retried within `max_attempts_per_sibling`). Chaos seed 109: a tool server killed
-// for 1.8 s failed every episode that called it three times over, and the groups were given up.
+// answer or answers as a new process means they were a crash's (the run recovers, and the recovery
+// restarts those siblings without charging them); the same processes all answering means each
+// failure was its episode's own (retried within `max_attempts_per_sibling`). Chaos seed 109: a
+// tool server killed for 1.8 s failed every episode that called it three times over, and the
+// groups were given up.
 import { isCancellation, log } from '@temporalio/workflow';
 import type { GymTopology } from '../../protocol/controller.js';
 import { describeFailure } from '../failures.js';
-import type { RunContext } from './context.js';
+import type { ShardContext } from './context.js';
 import { settleFailures } from './reports.js';
-import { stopAbandoned } from './stops.js';
 
-/** Whether `now` shows a server missing or restarted since `known` (instance IDs differ). */
+/** The servers of `known` missing or restarted in `now` (their process identities differ). */
 export function restartedSince(known: GymTopology, now: GymTopology): string[] {
   return Object.keys(known.instances).filter((name) => now.instances[name] !== known.instances[name]);
 }
 
-export async function settleLiveFailures(ctx: RunContext): Promise<void> {
-  const { st, cfg } = ctx;
+export async function settleLiveFailures(ctx: ShardContext): Promise<void> {
+  const { st } = ctx;
   if (st.unconfirmedFailures.length === 0 || !st.topology) return;
   let crashed: string[];
-  if (st.recoveryNeeded) {
+  if (st.gymCrashed !== null) {
     crashed = ['(a crash already noticed)'];
   } else {
     try {
       const now = await ctx.gymProbe.discoverGym.executeWithOptions({ summary: `look at Gym after ${st.unconfirmedFailures.length} failed rollouts` }, [
-        { runDir: cfg.run.gym_run_dir, requireModel: cfg.rollout_checkpointing.gym.require_model_participant },
+        { runDir: ctx.input.gymRunDir, requireModel: ctx.input.requireModel },
       ]);
       crashed = restartedSince(st.topology, now);
     } catch (err) {
@@ -34,9 +34,8 @@ export async function settleLiveFailures(ctx: RunContext): Promise<void> {
     }
   }
   if (crashed.length > 0) log.warn('rollouts failed under a Gym crash: recovery restarts them without charging an attempt', { failures: st.unconfirmedFailures.length, servers: crashed });
-  const { toStop, gaveUp } = settleFailures(st, cfg, crashed.length > 0);
+  const { toStop, gaveUp } = settleFailures(st, ctx.input.maxAttemptsPerSibling, crashed.length > 0);
   ctx.toStop.push(...toStop);
   for (const g of gaveUp) log.warn('sibling gave up', g);
-  await stopAbandoned(ctx);
   ctx.wake();
 }

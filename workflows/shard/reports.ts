@@ -1,14 +1,15 @@
-// What the run's rollout attempts report, applied to its state (pure: no workflow APIs, unit-tested
-// on its own): results sealed, a crashed Gym noted for recovery, live failures held until the run
-// has looked at Gym, then either put down to a Gym crash or retried within the attempt budget (or
-// given up), cohort-mates of a group that starts over listed to be stopped.
+// What a shard's rollout attempts report, applied to its state (pure: no workflow APIs, unit-tested
+// on its own): results sealed (and sealed groups queued for the run), a crashed Gym noted, live
+// failures held until the shard has looked at Gym, then either put down to a Gym crash or retried
+// within the attempt budget (or given up), cohort-mates of a group that starts over listed to be
+// stopped.
 import type { RolloutReport } from '../../protocol/controller.js';
-import type { RunConfig } from '../../protocol/run-config.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
+import { HOLDERS } from '../messages.js';
 import { GYM_RESTARTED } from '../rolloutAttempt.js';
-import type { InFlight, RunState } from './state.js';
+import { groupIndex, type InFlight, type ShardState } from './state.js';
 
 export interface AppliedReports {
   /** In-flight attempts whose cohort started over without them: to be told to stop. */
@@ -18,7 +19,7 @@ export interface AppliedReports {
 }
 
 /** The sibling whose current attempt the report is about, or undefined (a superseded attempt). */
-function currentSibling(st: RunState, r: RolloutReport): ReturnType<typeof L.findSibling> {
+function currentSibling(st: ShardState, r: RolloutReport): ReturnType<typeof L.findSibling> {
   const found = L.findSibling(st.ledger, r.episode.rollout_id);
   return found && L.currentAttempt(found.sibling).gym_attempt === r.episode.attempt ? found : undefined;
 }
@@ -30,7 +31,7 @@ function currentSibling(st: RunState, r: RolloutReport): ReturnType<typeof L.fin
  * `unconfirmedFailures` until the run has looked at Gym (settleFailures); during a recovery every
  * failure is put down to the crash at once.
  */
-export function applyReports(st: RunState, cfg: RunConfig): AppliedReports {
+export function applyReports(st: ShardState, maxAttempts: number): AppliedReports {
   const out: AppliedReports = { toStop: [], gaveUp: [] };
   const reports = st.reports;
   st.reports = [];
@@ -39,54 +40,82 @@ export function applyReports(st: RunState, cfg: RunConfig): AppliedReports {
     delete st.inFlight[key];
     D.removeDeadline(st.deadlines, key);
     if (r.status === 'completed' && r.reward !== null) {
-      const sealed = L.sealAttempt(st.ledger, r.episode, r.reward, false);
-      if (sealed === 'sealed') st.completedRollouts += 1;
+      if (L.sealAttempt(st.ledger, r.episode, r.reward, false) === 'sealed') {
+        st.completed += 1;
+        announceIfSealed(st, r);
+      }
       continue;
     }
     if (!currentSibling(st, r)) continue;
-    if (r.reason === GYM_RESTARTED || (r.status === 'failed' && st.recoveryNeeded)) {
+    // A retired one too: during a recovery only a cohort broken by the crash is stopped (below).
+    if (r.reason === GYM_RESTARTED || ((r.status === 'failed' || r.status === 'retired') && inRecovery(st))) {
       // Not the attempt's fault: the Gym process under it restarted. Recovery decides whether
       // it continues from the last snapshot (N+1) or starts over; it stays `dispatched` until then.
-      st.recoveryNeeded = true;
+      st.gymCrashed ??= `${r.captureKey}: ${r.reason ?? r.status}`;
       continue;
     }
     if (r.status === 'failed') {
       st.unconfirmedFailures.push(r);
       continue;
     }
-    // Timed out or retired by the run: the attempt's own failure.
-    chargeFailure(st, cfg, r, out);
+    // Timed out or retired by its shard: the attempt's own failure.
+    chargeFailure(st, maxAttempts, r, out);
   }
   return out;
 }
 
+/** A recovery holds admission (or a crash was noticed and not yet recovered from): every live failure is the crash's. */
+function inRecovery(st: ShardState): boolean {
+  return st.gymCrashed !== null || st.holds.admission.includes(HOLDERS.recovery);
+}
+
+/** Queues the report of a group whose last sibling the result sealed. */
+function announceIfSealed(st: ShardState, r: RolloutReport): void {
+  const found = L.findSibling(st.ledger, r.episode.rollout_id);
+  if (found?.group.status === 'ready_to_finalize') st.sealed.push(groupIndex(found.group));
+}
+
 /**
- * The live failures held by applyReports, once the run has looked at Gym: with a Gym server
- * restarted or unreachable (`gymCrashed`) they are the crash's (recovery needed, the siblings stay
+ * The live failures held by applyReports, once the shard has looked at Gym: with a Gym server
+ * restarted or unreachable (`gymCrashed`) they are the crash's (the run recovers, the siblings stay
  * `dispatched` for it); with the same processes all answering, each is its sibling's failure.
  */
-export function settleFailures(st: RunState, cfg: RunConfig, gymCrashed: boolean): AppliedReports {
+export function settleFailures(st: ShardState, maxAttempts: number, gymCrashed: boolean): AppliedReports {
   const out: AppliedReports = { toStop: [], gaveUp: [] };
   const failures = st.unconfirmedFailures;
   st.unconfirmedFailures = [];
   for (const r of failures) {
-    if (!currentSibling(st, r)) continue;
-    if (gymCrashed) st.recoveryNeeded = true;
-    else chargeFailure(st, cfg, r, out);
+    const found = currentSibling(st, r);
+    if (!found) continue;
+    if (!gymCrashed) {
+      chargeFailure(st, maxAttempts, r, out);
+      continue;
+    }
+    st.gymCrashed ??= `${r.captureKey}: ${r.reason ?? r.status} (a Gym server restarted or did not answer)`;
+    // A cohort that re-forms only whole (group-scored verification) is broken: its members still
+    // running would wait in /verify for a cohort that cannot form, and hold the recovery. Stopped
+    // now; the recovery continues or restarts the cohort together.
+    if (found.group.recovery_granularity !== 'prompt_group') continue;
+    for (const s of found.group.siblings) {
+      if (s === found.sibling) continue;
+      const flight = st.inFlight[L.siblingKey(s)];
+      if (flight && !flight.stopSignalled) out.toStop.push(flight);
+    }
   }
   return out;
 }
 
 /** Starts the sibling (or its whole group) over as the next attempt within the budget, or gives it up. */
-function chargeFailure(st: RunState, cfg: RunConfig, r: RolloutReport, out: AppliedReports): void {
+function chargeFailure(st: ShardState, maxAttempts: number, r: RolloutReport, out: AppliedReports): void {
   const found = currentSibling(st, r)!;
   const key = captureKey(r.episode);
-  st.failedRollouts += 1;
+  st.failed += 1;
   const attemptsSoFar = found.sibling.attempts.length;
-  if (attemptsSoFar >= cfg.async_rl.max_attempts_per_sibling || r.terminal) {
+  if (attemptsSoFar >= maxAttempts || r.terminal) {
     // Give up on this sibling: a masked zero-reward placeholder keeps its group trainable.
     L.sealAttempt(st.ledger, r.episode, 0, true);
     out.gaveUp.push({ key, reason: r.reason });
+    announceIfSealed(st, r);
     return;
   }
   const affected = L.failAttempt(st.ledger, r.episode, r.reason ?? r.status);

@@ -1,19 +1,20 @@
-// The run state under its rollout attempts' reports (workflows/run/reports.ts, pure): results
-// sealed once, a crashed Gym noted for recovery, live failures held until the run has looked at
-// Gym and then put down to a crash or retried within the budget (or given up), cohort-mates of a
-// group that starts over listed to be stopped.
+// A shard's state under its rollout attempts' reports (workflows/shard/reports.ts, pure): results
+// sealed once (a sealed group queued for the run), a crashed Gym noted for recovery, live failures
+// held until the shard has looked at Gym and then put down to a crash or retried within the budget
+// (or given up), cohort-mates of a group that starts over listed to be stopped.
 import { describe, expect, it } from 'vitest';
 import type { RolloutReport } from '../../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../../protocol/ids.js';
 import * as D from '../../workflows/deadlines.js';
 import * as L from '../../workflows/ledger.js';
 import { ep, reserve } from '../helpers/ledger.js';
-import { applyReports, settleFailures, type AppliedReports } from '../../workflows/run/reports.js';
-import { initialState, type RunState } from '../../workflows/run/state.js';
+import { HOLDERS } from '../../workflows/messages.js';
+import { applyReports, settleFailures, type AppliedReports } from '../../workflows/shard/reports.js';
+import { initialShardState, type ShardState } from '../../workflows/shard/state.js';
 import { GYM_RESTARTED } from '../../workflows/rolloutAttempt.js';
-import { runConfig } from '../workflows/harness.js';
 
-const cfg = runConfig('reports', { async_rl: { max_attempts_per_sibling: 2 } });
+const cfg = 2; // max_attempts_per_sibling
+type RunState = ShardState;
 
 /** Applies the reports, then settles the live failures with Gym found up with the same processes. */
 function applyWithGymUp(st: RunState): AppliedReports {
@@ -24,7 +25,7 @@ function applyWithGymUp(st: RunState): AppliedReports {
 
 /** A run state with one group of `size` siblings, every attempt dispatched and in flight with a deadline. */
 function runWithGroup(size: number, granularity: L.RecoveryGranularity = 'sibling'): RunState {
-  const st = initialState(cfg);
+  const st = initialShardState('reports', { seq: 0, admission: [], deadlines: [] });
   reserve(st.ledger, 'reports.p0', { size, granularity });
   dispatchReserved(st);
   return st;
@@ -53,7 +54,7 @@ describe('applyReports', () => {
     const st = runWithGroup(2);
     st.reports = [report(ep('reports.p0.g0')), report(ep('reports.p0.g0'))];
     expect(applyReports(st, cfg)).toEqual({ toStop: [], gaveUp: [] });
-    expect(st.completedRollouts).toBe(1);
+    expect(st.completed).toBe(1);
     expect(Object.keys(st.inFlight)).toEqual(['reports.p0.g1']);
     D.tick(st.deadlines, 120_000);
     expect(D.expired(st.deadlines)).toEqual(['reports.p0.g1']);
@@ -65,7 +66,8 @@ describe('applyReports', () => {
     const st = runWithGroup(1);
     st.reports = [failed(ep('reports.p0.g0'), { reason: GYM_RESTARTED })];
     applyReports(st, cfg);
-    expect(st).toMatchObject({ recoveryNeeded: true, failedRollouts: 0 });
+    expect(st).toMatchObject({ failed: 0 });
+    expect(st.gymCrashed).toContain('reports.p0.g0');
     expect(L.currentAttempt(st.ledger.groups['reports.p0']!.siblings[0]!)).toMatchObject({ gym_attempt: 0, status: 'dispatched' });
   });
 
@@ -79,8 +81,8 @@ describe('applyReports', () => {
     dispatchReserved(st);
     st.reports = [failed(ep('reports.p0.g0', 1))];
     expect(applyWithGymUp(st).gaveUp).toEqual([{ key: 'reports.p0.g0-a1', reason: 'tool call failed' }]);
-    expect(st.failedRollouts).toBe(3);
-    expect(st.completedRollouts).toBe(0);
+    expect(st.failed).toBe(3);
+    expect(st.completed).toBe(0);
   });
 
   it('the report of a superseded attempt changes nothing', () => {
@@ -89,7 +91,7 @@ describe('applyReports', () => {
     applyWithGymUp(st);
     st.reports = [failed(ep('reports.p0.g0'))];
     applyWithGymUp(st);
-    expect(st.failedRollouts).toBe(1);
+    expect(st.failed).toBe(1);
     expect(L.currentAttempt(st.ledger.groups['reports.p0']!.siblings[0]!)).toMatchObject({ gym_attempt: 1, status: 'reserved' });
   });
 
@@ -108,22 +110,53 @@ describe('applyReports', () => {
     st.reports = [failed(ep('reports.p0.g0')), failed(ep('reports.p0.g1'), { terminal: true })];
     expect(applyReports(st, cfg)).toEqual({ toStop: [], gaveUp: [] });
     expect(st.unconfirmedFailures.map((r) => r.captureKey)).toEqual(['reports.p0.g0', 'reports.p0.g1']);
-    expect(st).toMatchObject({ failedRollouts: 0, recoveryNeeded: false });
+    expect(st).toMatchObject({ failed: 0, gymCrashed: null });
     expect(Object.keys(st.inFlight)).toEqual([]);
     expect(settleFailures(st, cfg, true)).toEqual({ toStop: [], gaveUp: [] });
-    expect(st).toMatchObject({ failedRollouts: 0, recoveryNeeded: true, unconfirmedFailures: [] });
+    expect(st).toMatchObject({ failed: 0, unconfirmedFailures: [] });
+    expect(st.gymCrashed).not.toBeNull();
     for (const sib of st.ledger.groups['reports.p0']!.siblings) expect(L.currentAttempt(sib)).toMatchObject({ gym_attempt: 0, status: 'dispatched' });
   });
 
   it("during a recovery a live failure is the crash's at once; a timed-out attempt is charged at once", () => {
     const st = runWithGroup(2);
-    st.recoveryNeeded = true;
+    st.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [] };
     st.reports = [failed(ep('reports.p0.g0')), failed(ep('reports.p0.g1'), { status: 'timed_out', reason: 'rollout deadline expired' })];
     applyReports(st, cfg);
     expect(st.unconfirmedFailures).toEqual([]);
-    expect(st.failedRollouts).toBe(1);
+    expect(st.failed).toBe(1);
     const [g0, g1] = st.ledger.groups['reports.p0']!.siblings;
     expect(L.currentAttempt(g0!)).toMatchObject({ gym_attempt: 0, status: 'dispatched' });
     expect(L.currentAttempt(g1!)).toMatchObject({ gym_attempt: 1, status: 'reserved' });
+  });
+
+  it('a group-scored cohort broken by a crash stops its members still running; their retired reports wait for the recovery, uncharged', () => {
+    const st = runWithGroup(3, 'prompt_group');
+    st.reports = [failed(ep('reports.p0.g0'), { reason: 'agent call failed: ECONNREFUSED' })];
+    applyReports(st, cfg);
+    const { toStop } = settleFailures(st, cfg, true);
+    expect(toStop.map((f) => f.workflowId).sort()).toEqual(['wf/reports.p0.g1', 'wf/reports.p0.g2']);
+    st.reports = [
+      failed(ep('reports.p0.g1'), { status: 'retired', reason: 'its cohort starts over' }),
+      failed(ep('reports.p0.g2'), { status: 'retired', reason: 'its cohort starts over' }),
+    ];
+    applyReports(st, cfg);
+    expect(st.failed).toBe(0);
+    for (const sib of st.ledger.groups['reports.p0']!.siblings) expect(L.currentAttempt(sib)).toMatchObject({ gym_attempt: 0, status: 'dispatched' });
+    expect(Object.keys(st.inFlight)).toEqual([]);
+  });
+
+  it('the last sibling sealed queues its group for the run once, with its live rewards', () => {
+    const st = runWithGroup(2);
+    st.reports = [report(ep('reports.p0.g0'), { reward: 1 })];
+    applyReports(st, cfg);
+    expect(st.sealed).toEqual([]);
+    st.reports = [failed(ep('reports.p0.g1'), { terminal: true })];
+    applyReports(st, cfg);
+    settleFailures(st, cfg, false);
+    expect(st.sealed).toEqual([0]);
+    st.reports = [report(ep('reports.p0.g0'), { reward: 1 })];
+    applyReports(st, cfg);
+    expect(st.sealed).toHaveLength(1);
   });
 });

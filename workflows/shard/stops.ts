@@ -1,20 +1,20 @@
-// The attempts the run tells to stop: their deadline expired (the run keeps the clocks, paused
-// while admission is held), or their cohort starts over without them.
+// The attempts a shard tells to stop: their deadline expired (the shard keeps the clock, held
+// while the run holds it), or their cohort starts over without them.
 import { getExternalWorkflowHandle, log } from '@temporalio/workflow';
 import * as D from '../deadlines.js';
 import { deadlineExpired, stopAttempt } from '../messages.js';
-import type { RunContext } from './context.js';
+import type { ShardContext } from './context.js';
 import { applyReports } from './reports.js';
 
 /** Applies the reports received so far; the attempts it abandons are stopped by stopAbandoned(). */
-export function takeReports(ctx: RunContext): void {
-  const { toStop, gaveUp } = applyReports(ctx.st, ctx.cfg);
+export function takeReports(ctx: ShardContext): void {
+  const { toStop, gaveUp } = applyReports(ctx.st, ctx.input.maxAttemptsPerSibling);
   ctx.toStop.push(...toStop);
   for (const g of gaveUp) log.warn('sibling gave up', g);
 }
 
 /** Tells the attempts whose cohort started over without them to stop. */
-export async function stopAbandoned(ctx: RunContext): Promise<void> {
+export async function stopAbandoned(ctx: ShardContext): Promise<void> {
   const flights = ctx.toStop;
   ctx.toStop = [];
   for (const f of flights) {
@@ -25,7 +25,7 @@ export async function stopAbandoned(ctx: RunContext): Promise<void> {
 }
 
 /** Tells the attempts whose deadline expired (the deadline clock's last tick said so) to stop. */
-export async function signalExpired(ctx: RunContext): Promise<void> {
+export async function signalExpired(ctx: ShardContext): Promise<void> {
   const { st } = ctx;
   // Held since the tick: looked at again once the holders release.
   if (!ctx.expiryDue || !D.isRunning(st.deadlines)) return;

@@ -1,0 +1,155 @@
+// A shard's answers to the requests of the run and of checkpoint attempts (messages.ts
+// ShardRequest): its part of a checkpoint's cut, of a recovery, of a training step. Each request
+// is answered once, to the workflow that asked.
+import { condition, getExternalWorkflowHandle, isCancellation, log, sleep } from '@temporalio/workflow';
+import type { FileDigest } from '../../protocol/controller.js';
+import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
+import { packJson } from '../../protocol/packed-json.js';
+import { describeFailure } from '../failures.js';
+import * as L from '../ledger.js';
+import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js';
+import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
+import type { ShardContext } from './context.js';
+import { groupIndex } from './state.js';
+import { takeReports } from './stops.js';
+
+/** Answers every request that can be answered now; a `drain` waits until nothing is in flight. */
+export async function answerRequests(ctx: ShardContext): Promise<void> {
+  const { st } = ctx;
+  while (st.requests.length > 0) {
+    const req = st.requests[0]!;
+    if (req.kind === 'drain' && Object.keys(st.inFlight).length > 0) return;
+    let answer: Omit<ShardAnswer, 'id' | 'shard'>;
+    try {
+      answer = await handle(ctx, req);
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      answer = { error: describeFailure(err) };
+    }
+    st.requests.shift();
+    await getExternalWorkflowHandle(req.replyTo)
+      .signal(shardAnswer, { id: req.id, shard: ctx.input.shard, ...answer })
+      .catch((err: unknown) => log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: String(err) }));
+  }
+}
+
+async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+  const { st, input } = ctx;
+  switch (req.kind) {
+    case 'candidates':
+      return ctx.files.writeCandidates({ tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx) });
+    case 'cut':
+      return { part: await writeCut(ctx, req.tmpDir) };
+    case 'recut':
+      return { part: await recut(ctx, req.tmpDir, req.unsettled, req.waitMs) };
+    case 'drain':
+      return {};
+    case 'planRestore': {
+      if (st.loadError) throw new Error(st.loadError);
+      const saved = req.snapshotDir ? await ctx.files.scopeSlice({ snapshotDir: req.snapshotDir, shard: input.shard, shards: input.shards }) : [];
+      const plan = planRecovery(st.ledger, { lastSnapshot: req.snapshotDir, lastSnapshotScope: saved });
+      st.restorePlan = plan;
+      const scope = plan.scope.map((e): [string, number, string] => [e.rollout_id, e.attempt, plan.environments[e.rollout_id]!]);
+      return ctx.files.writeScopePart({ dir: req.dir, shard: input.shard, scope });
+    }
+    case 'settleRecovery':
+      return settle(ctx, req);
+    case 'consume':
+      return consume(ctx, req.groups, req.batchFile);
+    case 'ledgerPart':
+      return { part: await ctx.files.writeLedgerPart({ dir: req.dir, shard: input.shard, ledger: packJson(st.ledger), create: true }) };
+  }
+}
+
+/** The scope's candidates: attempts in flight, and restored replacements (N+1) not dispatched yet (a scope that left them out would delete their saved turns). */
+function candidates(ctx: ShardContext): EpisodeId[] {
+  const { st } = ctx;
+  return [
+    ...Object.values(st.inFlight).map((f) => f.episode),
+    ...L.reservedAttempts(st.ledger)
+      .filter(({ attempt }) => attempt.continued)
+      .map(({ sibling, attempt }) => L.episodeOfAttempt(sibling, attempt)),
+  ];
+}
+
+/** The ledger slice as it stands, into the temp snapshot (a local activity: it stays out of the history). */
+async function writeCut(ctx: ShardContext, tmpDir: string): Promise<FileDigest> {
+  takeReports(ctx);
+  ctx.lastCutInFlight = new Set(Object.keys(ctx.st.inFlight));
+  const part = await ctx.files.writeLedgerPart({ dir: tmpDir, shard: ctx.input.shard, ledger: packJson(ctx.st.ledger) });
+  ctx.lastCutPart = part;
+  return part;
+}
+
+/**
+ * Gym did not commit `unsettled` (they finished before its cut: their `/run` replies are on the
+ * wire). If none of them was in flight when the part was written, it holds them already; else
+ * wait briefly for their reports and write it again.
+ */
+async function recut(ctx: ShardContext, tmpDir: string, unsettled: CaptureKey[], waitMs: number): Promise<FileDigest> {
+  if (ctx.lastCutPart && !unsettled.some((k) => ctx.lastCutInFlight.has(k))) return ctx.lastCutPart;
+  let timedOut = false;
+  void sleep(waitMs).then(() => (timedOut = true));
+  const settled = (): boolean => unsettled.every((k) => !ctx.st.inFlight[k]);
+  for (;;) {
+    takeReports(ctx);
+    if (settled() || timedOut) break;
+    await condition(() => ctx.st.reports.length > 0 || timedOut);
+  }
+  return writeCut(ctx, tmpDir);
+}
+
+async function settle(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'settleRecovery' }>): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+  const { st, input } = ctx;
+  const plan = st.restorePlan ?? { scope: [], environments: {} };
+  const installed = await ctx.files.restoredSlice({ dir: req.dir, shard: input.shard, shards: input.shards });
+  const settled = settleRecovery(st.ledger, plan, { restored: restoredRollouts(plan, installed), restoreFailed: req.restoreFailed, cold: req.cold });
+  st.restorePlan = null;
+  st.topology = req.topology;
+  st.completed -= settled.superseded;
+  // A harness of a dead attempt that outlived the crash must not write into the rerun.
+  if (settled.retire.length > 0) {
+    await ctx.control.gymRetire({ topology: req.topology, timeoutS: input.gymTimeoutS, episodes: settled.retire }).catch((err: unknown) => {
+      log.warn('retiring the dead attempts failed (fresh processes hold nothing of them)', { error: String(err) });
+    });
+  }
+  st.gymCrashed = null;
+  st.crashReported = false;
+  st.epoch += 1;
+  return {
+    continued: settled.continued.length,
+    continuedKeys: settled.continued.slice(0, 100),
+    restarted: settled.restarted.length,
+    assigned: st.assigned,
+    unfinished: L.unfinishedGroupCount(st.ledger),
+  };
+}
+
+/** Hands sealed groups over to a training step: their batch part (if the trainer reads one), then they leave the slice. */
+async function consume(ctx: ShardContext, indexes: number[], batchFile: string | null): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+  const { st } = ctx;
+  const wanted = new Set(indexes);
+  const groups = st.ledger.order.map((id) => st.ledger.groups[id]!).filter((g) => g.status === 'ready_to_finalize' && wanted.has(groupIndex(g)));
+  if (groups.length !== indexes.length) throw new Error(`consume: ${indexes.length - groups.length} of the groups are not sealed in shard ${ctx.input.shard}`);
+  let rewardSum = 0;
+  let live = 0;
+  const batch = groups.map((g) => ({
+    group_id: g.group_id,
+    siblings: g.siblings.map((s) => {
+      const a = L.currentAttempt(s);
+      const mask = a.mask_sample ?? true;
+      if (!mask) {
+        rewardSum += a.reward ?? 0;
+        live += 1;
+      }
+      return { rollout_id: s.rollout_id, reward: a.reward ?? 0, mask, captureKeys: L.lineageKeys(s) };
+    }),
+  }));
+  if (batchFile !== null) await ctx.files.writeBatchPart({ file: batchFile, batch });
+  for (const g of groups) {
+    L.consumeGroup(st.ledger, g.group_id);
+    st.forgetQueue.push(...L.rolloutIds(g));
+  }
+  return { batchFile, rewardSum, live };
+}
+
