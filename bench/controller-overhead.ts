@@ -41,6 +41,8 @@ import type { Endpoints } from '../servers/common/deployment.js';
 import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { rolloutIdOf } from '../workflows/ledger.js';
 import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
+import { shardCount } from '../workflows/run/shards.js';
+import { shardWorkflowId } from '../workflows/shard-id.js';
 import { createControllerWorkers } from '../worker.js';
 import { floorDriver, startFloorWorkers } from './floor/driver.js';
 import { onExit } from './lib/cleanup.js';
@@ -124,29 +126,37 @@ interface Lifecycle {
 
 const tsMs = eventMs;
 
-/** Up to `sample` rollout children of the run, evenly spread, timed from their histories. */
-async function lifecycle(client: Client, runName: string, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
-  // The run may have continued as new: walk the chain back from its latest execution.
-  const histories: Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>> = [];
+/** Every execution of a workflow ID, latest first (it may have continued as new). */
+async function executions(client: Client, workflowId: string): Promise<Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>>> {
+  const out: Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>> = [];
   for (let runId: string | undefined; ; ) {
-    const h: Awaited<ReturnType<WorkflowHandle['fetchHistory']>> = await client.workflow.getHandle(runName, runId).fetchHistory();
-    histories.push(h);
+    const h: Awaited<ReturnType<WorkflowHandle['fetchHistory']>> = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+    out.push(h);
     const prev: string | null | undefined = h.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
-    if (!prev) break;
+    if (!prev) return out;
     runId = prev;
   }
-  const initiated = new Map<string, number>();
+}
+
+/** Up to `sample` rollout children of the run's shards, evenly spread, timed from their histories. */
+async function lifecycle(client: Client, runName: string, shards: number, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
   // The run's own workflow tasks: every dispatch and every report goes through one of them, in turn.
   const wft = { count: 0, queued: 0, busy: 0 };
-  for (const parent of histories) {
-    for (const e of parent.events ?? []) {
-      const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
-      if (a?.workflowId) initiated.set(a.workflowId, tsMs(e.eventTime));
-    }
-    const times = workflowTaskTimes(parent.events ?? []);
+  for (const h of await executions(client, runName)) {
+    const times = workflowTaskTimes(h.events ?? []);
     wft.count += times.count;
     wft.queued += times.queuedMs;
     wft.busy += times.busyMs;
+  }
+  // The shards start the attempts.
+  const initiated = new Map<string, number>();
+  for (let k = 0; k < shards; k++) {
+    for (const h of await executions(client, shardWorkflowId(runName, k))) {
+      for (const e of h.events ?? []) {
+        const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
+        if (a?.workflowId) initiated.set(a.workflowId, tsMs(e.eventTime));
+      }
+    }
   }
   const step = Math.max(1, Math.floor(rolloutIds.length / sample));
   const acc = { start_child_s: 0, first_task_s: 0, queue_s: 0, run_s: 0, report_s: 0, total_s: 0 };
@@ -365,7 +375,7 @@ async function main(): Promise<void> {
       const info = await handle.describe();
       // History length of the run's last execution (after any continue-as-new).
       extra = { history_events: Number(info.historyLength), continued_as_new: summary.continuedAsNew };
-      lifecycles.push(await lifecycle(client, cfg.run.name, rolloutIds, 200));
+      lifecycles.push(await lifecycle(client, cfg.run.name, shardCount(cfg), rolloutIds, 200));
     }
     const wall = ((tEnd ?? performance.now()) - t0) / 1000;
     const cpu = cpuDelta(before, after ?? (await cpuMark(server, runDir)));
