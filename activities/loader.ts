@@ -13,6 +13,11 @@ export interface LoadPromptGroupsInput {
   tasksets?: Taskset[];
   /** Cohort relaunch counter stamped into genrm tasks (prompt-group recovery); default 0. */
   groupAttempt?: number;
+  /**
+   * Leave the tasks out (`tasks: []`): the run only needs where each group is in the dataset, and
+   * each attempt builds its task from that (`taskRef`); 64 groups' tasks were ~145 KB a read.
+   */
+  withoutTasks?: boolean;
 }
 
 export interface LoadedPromptGroup {
@@ -49,7 +54,7 @@ export async function loadPromptGroups(input: LoadPromptGroupsInput): Promise<Lo
         taskset: g.task.task_id.taskset,
         prompt_index: g.prompt_index,
         size: g.size,
-        tasks: Array.from({ length: g.size }, (_, k) => siblingTask(g, k, input.groupAttempt ?? 0)),
+        tasks: input.withoutTasks ? [] : Array.from({ length: g.size }, (_, k) => siblingTask(g, k, input.groupAttempt ?? 0)),
       })),
     };
   } catch (err) {

@@ -134,7 +134,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // exit aborts or releases it (a resume where prepare never arrived only fences the ID).
     prepared = true;
     const prep = await timed('prepare', () =>
-      gymCall(() => control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [{ topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS }])),
+      gymCall(() =>
+        control.gymPrepare.executeWithOptions({ summary: `prepare ${id}` }, [{ topology: input.topology, checkpointId: id, timeoutS: input.prepareTimeoutS }]),
+      ),
     );
     if (!prep.prepared) throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     restarts = prep.restarts;
@@ -248,7 +250,14 @@ async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
 /** Every shard answered without an error, or the attempt fails (a shard's part is missing from the cut). */
 function requireAnswers(what: string, answers: ShardAnswer[]): ShardAnswer[] {
   const failed = answers.filter((a) => a.error !== undefined);
-  if (failed.length > 0) throw new AttemptFailed('timeout', `${what}: ${failed.map((a) => `shard ${a.shard}: ${a.error}`).join('; ').slice(0, 500)}`);
+  if (failed.length > 0)
+    throw new AttemptFailed(
+      'timeout',
+      `${what}: ${failed
+        .map((a) => `shard ${a.shard}: ${a.error}`)
+        .join('; ')
+        .slice(0, 500)}`,
+    );
   return answers;
 }
 
@@ -266,7 +275,9 @@ function unsettledByShard(keys: readonly CaptureKey[], shards: number): Map<numb
 async function resumeGym(control: ReturnType<typeof controlActivities>, input: CheckpointAttemptInput, seconds: CheckpointStageSeconds): Promise<boolean> {
   const s = Date.now();
   try {
-    await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [{ topology: input.topology, checkpointId: input.checkpointId, timeoutS: input.prepareTimeoutS }]);
+    await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [
+      { topology: input.topology, checkpointId: input.checkpointId, timeoutS: input.prepareTimeoutS },
+    ]);
     return true;
   } catch {
     return false;
@@ -304,7 +315,10 @@ function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitO
   for (const name of got) {
     const member = input.topology.members.find((m) => m.name === name)!;
     if (commit.participants[name]!.kind !== member.kind) {
-      throw ApplicationFailure.nonRetryable(`participant ${name} committed as ${commit.participants[name]!.kind}, discovered as ${member.kind}`, 'invariant_error');
+      throw ApplicationFailure.nonRetryable(
+        `participant ${name} committed as ${commit.participants[name]!.kind}, discovered as ${member.kind}`,
+        'invariant_error',
+      );
     }
   }
 }

@@ -60,7 +60,8 @@ function checkGroup(key: string, g: PromptGroup, bad: (at: string, message: stri
   if (!GROUP_STATUSES.has(g.status)) bad(at, `unknown status ${String(g.status)}`);
   if (!GRANULARITIES.has(g.recovery_granularity)) bad(at, `unknown recovery_granularity ${String(g.recovery_granularity)}`);
   if (!LEVELS.has(g.restore_level)) bad(at, `unknown restore_level ${String(g.restore_level)}`);
-  if (!Number.isSafeInteger(g.expected_generations) || g.expected_generations < 1) bad(at, `expected_generations ${g.expected_generations} is not a positive integer`);
+  if (!Number.isSafeInteger(g.expected_generations) || g.expected_generations < 1)
+    bad(at, `expected_generations ${g.expected_generations} is not a positive integer`);
   if (g.siblings.length !== g.expected_generations) bad(at, `has ${g.siblings.length} siblings but expected_generations is ${g.expected_generations}`);
   g.siblings.forEach((s, i) => {
     if (s.generation_index !== i) bad(at, `generation indices are not contiguous from 0: position ${i} holds ${s.generation_index}`);

@@ -249,7 +249,7 @@ export function readyGroups(l: Ledger): PromptGroup[] {
 /** A consumed group leaves the ledger (its results are owned by the trainer step now). */
 export function consumeGroup(l: Ledger, groupId: string): PromptGroup {
   const g = l.groups[groupId];
-  if (!g || g.status !== 'ready_to_finalize') throw new LedgerError(`group ${groupId} is not ready to finalize`);
+  if (g?.status !== 'ready_to_finalize') throw new LedgerError(`group ${groupId} is not ready to finalize`);
   delete l.groups[groupId];
   l.order = l.order.filter((id) => id !== groupId);
   return g;

@@ -66,7 +66,10 @@ export const closeShard = defineSignal('closeShard');
  * to `replyTo` (a workflow ID). One request/answer pair for every exchange that needs every
  * shard's part: the cut of a checkpoint, a recovery's steps, a training step's batch.
  */
-export type ShardRequest = { id: string; replyTo: string } & (
+export type ShardRequest = { id: string; replyTo: string } & ShardRequestBody;
+
+/** What a shard is asked to do. */
+export type ShardRequestBody =
   /** Stop dispatching was asked by `setHolds`; write the episodes in flight (the scope's candidates). */
   | { kind: 'candidates'; tmpDir: string }
   /** Write the ledger part into the temp snapshot (after Gym is prepared). */
@@ -82,8 +85,7 @@ export type ShardRequest = { id: string; replyTo: string } & (
   /** Hand over these sealed groups (by dataset position) for training step `step`: their batch part (when `batchFile`), then drop them. */
   | { kind: 'consume'; step: number; groups: number[]; batchFile: string | null }
   /** Write the ledger part into a trainer anchor's fallback parts directory. */
-  | { kind: 'ledgerPart'; dir: string }
-);
+  | { kind: 'ledgerPart'; dir: string };
 export const shardRequest = defineSignal<[ShardRequest]>('shardRequest');
 
 export interface ShardAnswer {

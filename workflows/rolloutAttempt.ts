@@ -3,15 +3,7 @@
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
 // runs on. The report goes to the attempt's rollout shard by workflow ID (which survives the
 // shard's continue-as-new); the shard relays it to the run in a batch.
-import {
-  CancellationScope,
-  condition,
-  getExternalWorkflowHandle,
-  isCancellation,
-  setHandler,
-  sleep,
-  upsertMemo,
-} from '@temporalio/workflow';
+import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep, upsertMemo } from '@temporalio/workflow';
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
@@ -131,8 +123,6 @@ async function retireEverywhere(control: ReturnType<typeof controlActivities>, i
 function failedReport(episode: EpisodeId, status: RolloutReport['status'], reason: string, terminal: boolean, seconds: number): RolloutReport {
   return { captureKey: captureKey(episode), episode, status, reward: null, terminal, reason, result: null, seconds };
 }
-
-
 
 export function rolloutWorkflowId(run: string, episode: EpisodeId): string {
   return `${run}/rollout/${captureKey(episode)}`;

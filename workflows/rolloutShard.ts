@@ -91,7 +91,17 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
       ctx.pacing = false;
       ctx.wake();
     });
-    const r: ShardReport = { shard: input.shard, sealed: st.sealed, completed: st.completed, failed: st.failed, assigned: st.assigned, inFlight, unfinished, epoch: st.epoch, ...(crash ? { gymCrashed: st.gymCrashed! } : {}) };
+    const r: ShardReport = {
+      shard: input.shard,
+      sealed: st.sealed,
+      completed: st.completed,
+      failed: st.failed,
+      assigned: st.assigned,
+      inFlight,
+      unfinished,
+      epoch: st.epoch,
+      ...(crash ? { gymCrashed: st.gymCrashed! } : {}),
+    };
     try {
       await getExternalWorkflowHandle(input.runWorkflowId).signal(shardReport, r);
     } catch (err) {

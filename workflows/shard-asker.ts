@@ -2,11 +2,8 @@
 // answers: one request/answer pair per shard for each exchange (a checkpoint's candidates and cut,
 // a recovery's steps, a training step's batch). Used by the run and by its checkpoint attempts.
 import { condition, getExternalWorkflowHandle, isCancellation, setHandler } from '@temporalio/workflow';
-import { shardAnswer, shardRequest, type ShardAnswer, type ShardRequest } from './messages.js';
+import { shardAnswer, shardRequest, type ShardAnswer, type ShardRequest, type ShardRequestBody } from './messages.js';
 import { shardWorkflowId } from './shard-id.js';
-
-/** A request without its routing (ID and reply address), which the asker adds. */
-export type ShardRequestBody = ShardRequest extends infer R ? (R extends ShardRequest ? Omit<R, 'id' | 'replyTo'> : never) : never;
 
 export class ShardAsker {
   private readonly answers = new Map<string, ShardAnswer>();

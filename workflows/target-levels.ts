@@ -140,7 +140,8 @@ export function resolveLevels(input: ResolveLevelsInput): ResolvedLevels {
   };
   for (const [agent, level] of Object.entries(agentOverrides)) {
     const key = `${AGENT_OVERRIDES_KEY}.${agent}`;
-    if (!knownAgents.has(agent)) problems.push({ key, message: `agent ${agent} was not found by Gym discovery (known: ${[...knownAgents].sort().join(', ') || 'none'})` });
+    if (!knownAgents.has(agent))
+      problems.push({ key, message: `agent ${agent} was not found by Gym discovery (known: ${[...knownAgents].sort().join(', ') || 'none'})` });
     checkOverride(key, level);
   }
   // Task-source override per environment; two sources of one environment must agree.
@@ -149,7 +150,11 @@ export function resolveLevels(input: ResolveLevelsInput): ResolvedLevels {
     const key = `${TASK_SOURCE_OVERRIDES_KEY}.${source}`;
     const env = taskSourceEnvironments[source];
     if (env === undefined || !byName.has(env)) {
-      problems.push({ key, message: env === undefined ? `task source ${source} is not configured` : `task source ${source} maps to environment ${env}, which Gym discovery did not find` });
+      problems.push({
+        key,
+        message:
+          env === undefined ? `task source ${source} is not configured` : `task source ${source} maps to environment ${env}, which Gym discovery did not find`,
+      });
       checkOverride(key, level);
       continue;
     }

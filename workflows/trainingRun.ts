@@ -4,7 +4,17 @@
 // The prompt groups in flight, their attempts and results are the shards' (rolloutShard.ts): the
 // run carries nothing per rollout. Its event history, with its shards', is the controller's durable
 // memory.
-import { ContinueAsNew, allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, upsertMemo, workflowInfo } from '@temporalio/workflow';
+import {
+  ContinueAsNew,
+  allHandlersFinished,
+  condition,
+  continueAsNew,
+  log,
+  setCurrentDetails,
+  setHandler,
+  upsertMemo,
+  workflowInfo,
+} from '@temporalio/workflow';
 import { checkpointNow, pauseRun, resumeRun, runStatus, shardReport, stopRun, type RunStatus } from './messages.js';
 import { armCheckpointTimer, checkpointDue, startCheckpoint } from './run/checkpoints.js';
 import { coldStart, setupLevels } from './run/cold-start.js';

@@ -59,7 +59,16 @@ class StandInTrainer implements TrainerRole {
     this.batches.push({ step: input.step, batch: await readTrainBatch(input) });
     this.version = input.expectedVersion + 1;
     this.step = input.step;
-    return { version: this.version, step: input.step, meanReward: 0, updatedSituations: [], seconds: 0, usedCalls: 0, droppedCalls: { notReturned: 0, superseded: 0, otherVersion: 0, unknown: 0 }, contributingGroups: 0 };
+    return {
+      version: this.version,
+      step: input.step,
+      meanReward: 0,
+      updatedSituations: [],
+      seconds: 0,
+      usedCalls: 0,
+      droppedCalls: { notReturned: 0, superseded: 0, otherVersion: 0, unknown: 0 },
+      contributingGroups: 0,
+    };
   }
 
   async saveTrainerCheckpoint(input: Parameters<TrainerRole['saveTrainerCheckpoint']>[0]) {
@@ -115,11 +124,15 @@ async function runWith(cfg: RunConfig, gym: FakeGym, trainer: StandInTrainer) {
   try {
     return await worker.runUntil(async () => {
       const handle = await env.client.workflow.start(trainingRun, { workflowId: cfg.run.name, taskQueue: cfg.run.task_queue, args: [{ config: cfg }] });
-      await until(async () => {
-        gym.finishAll();
-        const d = await handle.describe();
-        return d.status.name !== 'RUNNING';
-      }, 'the run to close', 60_000);
+      await until(
+        async () => {
+          gym.finishAll();
+          const d = await handle.describe();
+          return d.status.name !== 'RUNNING';
+        },
+        'the run to close',
+        60_000,
+      );
       return handle.result();
     });
   } finally {
@@ -141,7 +154,10 @@ describe('an external trainer in the trainer role', () => {
     expect(summary).toMatchObject({ steps: 3, failedRollouts: 0, trainerVersion: 3 });
     expect(trainer.log).toEqual(['train:1@v0', 'train:2@v1', 'save:2', 'train:3@v2', 'save:3']);
     for (const s of [2, 3]) {
-      const marker = JSON.parse(await readFile(join(dir, `step_${s}`, 'gym_restart_fallback.json'), 'utf8')) as { base_train_step: number; trainer_version: number };
+      const marker = JSON.parse(await readFile(join(dir, `step_${s}`, 'gym_restart_fallback.json'), 'utf8')) as {
+        base_train_step: number;
+        trainer_version: number;
+      };
       expect([marker.base_train_step, marker.trainer_version]).toEqual([s, s]);
     }
   });

@@ -59,8 +59,22 @@ const TOPOLOGY: GymTopology = {
   fingerprint: 'f'.repeat(64),
   instances: { env: 'env-1', agent: 'agent-1' },
   environments: {
-    counter_env: { environment: 'counter_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'exported', verify_replayable: true, group_size: null },
-    weather_env: { environment: 'weather_env', agent: 'agent', supports_continuations: true, resources_checkpoint_mode: 'stateless', verify_replayable: true, group_size: null },
+    counter_env: {
+      environment: 'counter_env',
+      agent: 'agent',
+      supports_continuations: true,
+      resources_checkpoint_mode: 'exported',
+      verify_replayable: true,
+      group_size: null,
+    },
+    weather_env: {
+      environment: 'weather_env',
+      agent: 'agent',
+      supports_continuations: true,
+      resources_checkpoint_mode: 'stateless',
+      verify_replayable: true,
+      group_size: null,
+    },
   },
 };
 
@@ -174,7 +188,13 @@ export class FakeGym {
   /** Calls other than `/run` and discovery (the checkpoint protocol and snapshot I/O). */
   controlCalls(): string[] {
     return this.calls.filter(
-      (c) => !c.startsWith('run:') && !c.startsWith('cancelled:') && !c.startsWith('retired-run:') && c !== 'discover' && !c.startsWith('forget:') && c !== 'ledger-cut-refused',
+      (c) =>
+        !c.startsWith('run:') &&
+        !c.startsWith('cancelled:') &&
+        !c.startsWith('retired-run:') &&
+        c !== 'discover' &&
+        !c.startsWith('forget:') &&
+        c !== 'ledger-cut-refused',
     );
   }
 
@@ -248,7 +268,8 @@ export class FakeGym {
         this.lastCommitScope.set(input.checkpointDir, scope);
         const finished = scope.sort().slice(0, s.finishedBeforeCommit ?? 0);
         const keys = scope.filter((k) => !finished.includes(k)).sort();
-        if (finished.length > 0) setTimeout(() => {
+        if (finished.length > 0)
+          setTimeout(() => {
             for (const k of finished) this.finishRun(k);
           }, 200);
         const participants: GymCommitOutcome['participants'] = {};
@@ -330,7 +351,8 @@ export class FakeGym {
               this.calls.push(`retired-run:${key}`);
               reject(ApplicationFailure.nonRetryable(`attempt ${key} was retired`, 'stale_attempt'));
             });
-            if (!s.holdRuns) setTimeout(() => {
+            if (!s.holdRuns)
+              setTimeout(() => {
                 stop();
                 resolve(s.reward?.(key) ?? 1);
               }, s.runMs ?? 20);
@@ -340,7 +362,8 @@ export class FakeGym {
             });
           });
           const seconds = (Date.now() - started) / 1000;
-          if (typeof reward !== 'number') return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
+          if (typeof reward !== 'number')
+            return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
           return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds };
         } finally {
           this.runWaiters.delete(key);
@@ -382,7 +405,10 @@ export class FakeGym {
       scopeSlice: async (input) => this.lastCommitScope.get(input.snapshotDir.replace(/\/snapshot_(\d+)$/, '/tmp_snapshot_$1')) ?? [],
       writeScopePart: async (input) => {
         const m = this.scopeParts.get(input.dir) ?? new Map<number, Array<{ rollout_id: string; attempt: number }>>();
-        m.set(input.shard, input.scope.map(([rollout_id, attempt]) => ({ rollout_id, attempt })));
+        m.set(
+          input.shard,
+          input.scope.map(([rollout_id, attempt]) => ({ rollout_id, attempt })),
+        );
         this.scopeParts.set(input.dir, m);
         return { count: input.scope.length };
       },

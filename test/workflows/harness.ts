@@ -57,7 +57,13 @@ export function runConfig(name: string, overrides: Sections = {}): RunConfig {
  * (a failed run's abandoned rollouts, a failed assertion's run): an open workflow with a pending
  * task would otherwise hold the shared server's clock for the next test.
  */
-export async function withWorker<T>(env: TestWorkflowEnvironment, bundle: WorkflowBundleWithSourceMap, gym: FakeGym, cfg: RunConfig, fn: () => Promise<T>): Promise<T> {
+export async function withWorker<T>(
+  env: TestWorkflowEnvironment,
+  bundle: WorkflowBundleWithSourceMap,
+  gym: FakeGym,
+  cfg: RunConfig,
+  fn: () => Promise<T>,
+): Promise<T> {
   const worker = await Worker.create({
     connection: env.nativeConnection,
     taskQueue: cfg.run.task_queue,
@@ -77,10 +83,15 @@ export async function withWorker<T>(env: TestWorkflowEnvironment, bundle: Workfl
 /** Terminates every open execution of the run and its children (legacy list: the test server has no visibility queries). */
 export async function terminateOpen(env: TestWorkflowEnvironment, run: string): Promise<string[]> {
   const res = await env.client.workflowService.listOpenWorkflowExecutions({ namespace: 'default', maximumPageSize: 1000 });
-  const open = (res.executions ?? [])
-    .map((e) => e.execution?.workflowId ?? '')
-    .filter((id) => id === run || id.startsWith(`${run}/`));
-  await Promise.all(open.map((id) => env.client.workflow.getHandle(id).terminate('test cleanup').catch(() => undefined)));
+  const open = (res.executions ?? []).map((e) => e.execution?.workflowId ?? '').filter((id) => id === run || id.startsWith(`${run}/`));
+  await Promise.all(
+    open.map((id) =>
+      env.client.workflow
+        .getHandle(id)
+        .terminate('test cleanup')
+        .catch(() => undefined),
+    ),
+  );
   return open;
 }
 
@@ -131,7 +142,9 @@ type HistoryType = { fromObject(o: unknown): unknown };
 function protoHistory(): { protojson: ProtoJson; type: HistoryType } {
   const protojson = requireFromProto('protobufjs/ext/protojson') as ProtoJson;
   const proto = requireHere('@temporalio/proto') as unknown;
-  const { patchProtobufRoot } = requireHere('@temporalio/proto/lib/patch-protobuf-root') as { patchProtobufRoot(r: unknown): { lookupType(n: string): HistoryType } };
+  const { patchProtobufRoot } = requireHere('@temporalio/proto/lib/patch-protobuf-root') as {
+    patchProtobufRoot(r: unknown): { lookupType(n: string): HistoryType };
+  };
   return { protojson, type: patchProtobufRoot(proto).lookupType('temporal.api.history.v1.History') };
 }
 

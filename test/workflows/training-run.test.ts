@@ -90,10 +90,13 @@ async function historyEvents(workflowId: string) {
  */
 async function expectShardRequestsBesideStages(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
-  const signals = events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes).map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
+  const signals = events
+    .filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)
+    .map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
   expect(signals.map((a) => a.signalName)).toEqual([...Array(2 * shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
-  const taskOfActivity = (name: string): string => taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
+  const taskOfActivity = (name: string): string =>
+    taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
   expect(taskOf(signals[0]!)).toBe(taskOfActivity('gymPrepare'));
   expect(taskOf(signals[shards]!)).toBe(taskOfActivity('gymCommit'));
 }
@@ -150,7 +153,9 @@ async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[
   const events = await historyEvents(checkpointWorkflow);
   const publish = stageAt(events, 'finalizeSnapshot');
   expect(publish).toBeGreaterThan(0);
-  return events.slice(0, publish).flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
+  return events
+    .slice(0, publish)
+    .flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
 }
 
 function expectCutBesideCommit(calls: string[], id: string): string[] {
@@ -162,8 +167,7 @@ function expectCutBesideCommit(calls: string[], id: string): string[] {
   return calls.filter((c) => c !== 'ledger-cut');
 }
 
-const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] =>
-  [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
+const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] => [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
 
 describe('checkpoint attempts in a training run', () => {
   it('1. clean attempt: every rollout runs once; prepare → commit → cut → manifest → validate → publish → resume, then retention by the run', async () => {
@@ -204,7 +208,12 @@ describe('checkpoint attempts in a training run', () => {
       expectRunsOnce(gym);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
-      await recordHistories(env, 'clean-attempt', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, id), rolloutIds(cfg, gym)[0]!]);
+      await recordHistories(env, 'clean-attempt', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        checkpointWorkflowId(cfg.run.name, id),
+        rolloutIds(cfg, gym)[0]!,
+      ]);
     });
   });
 
@@ -221,15 +230,21 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.count('ledger-cut')).toBe(2);
       // The first cut (beside the commit) still had it in flight; the published one has its result.
       const sealed = (ledger: unknown): string[] =>
-        Object.values((ledger as { groups: Record<string, { siblings: { rollout_id: string; attempts: { status: string }[] }[] }> }).groups)
-          .flatMap((g) => g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id));
+        Object.values((ledger as { groups: Record<string, { siblings: { rollout_id: string; attempts: { status: string }[] }[] }> }).groups).flatMap((g) =>
+          g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id),
+        );
       expect(sealed(gym.ledgerCuts[0])).toEqual([]);
       expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
       // Something was unsettled after the commit: the shard cut again once it had the result, and that part was published.
       expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toEqual(['shardAnswer', 'shardAnswer', 'shardAnswer']);
       await finishRun(gym, handle);
-      await recordHistories(env, 'late-result', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, outcome.checkpointId), rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!)]);
+      await recordHistories(env, 'late-result', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        checkpointWorkflowId(cfg.run.name, outcome.checkpointId),
+        rolloutWorkflowId(cfg.run.name, parseCaptureKey(parked)!),
+      ]);
     });
   });
 
@@ -304,7 +319,13 @@ describe('checkpoint attempts in a training run', () => {
       const outcome = await handle.executeUpdate(checkpointNow);
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error', abortPending: false });
       const id = outcome.checkpointId;
-      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, ...Array<string>(4).fill(`commit:${id}`), 'discard', `resume:${id}`]);
+      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual([
+        'allocate:1',
+        `prepare:${id}`,
+        ...Array<string>(4).fill(`commit:${id}`),
+        'discard',
+        `resume:${id}`,
+      ]);
       expect((await status(handle)).gates.gymCheckpoint).toBe(false);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
@@ -425,7 +446,13 @@ describe('checkpoint attempts in a training run', () => {
       expect(expectCutBesideCommit(gym.controlCalls(), id).slice(6)).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
       let s = await status(handle);
       // Published and durable, Gym still paused: distinct from a pre-publication failure.
-      expect(s).toMatchObject({ phase: 'release_pending', pendingRelease: id, pendingAbort: null, lastSnapshot: first.snapshotDir, gates: { gymCheckpoint: true } });
+      expect(s).toMatchObject({
+        phase: 'release_pending',
+        pendingRelease: id,
+        pendingAbort: null,
+        lastSnapshot: first.snapshotDir,
+        gates: { gymCheckpoint: true },
+      });
       gym.finishAll();
       await until(async () => (await status(handle)).steps === 1, 'step 1');
       await delay(300);
@@ -473,7 +500,9 @@ describe('checkpoint attempts in a training run', () => {
       const failure = await runFailure(handle);
       expect(failure.type).toBe('invalid_recovery_setup');
       expect(failure.message).toContain('rollout_recovery.agent_target_level_overrides.no_such_agent: agent no_such_agent was not found by Gym discovery');
-      expect(failure.message).toContain('rollout_recovery.agent_target_level_overrides.agent: override turn is finer than rollout_recovery.target_level sibling');
+      expect(failure.message).toContain(
+        'rollout_recovery.agent_target_level_overrides.agent: override turn is finer than rollout_recovery.target_level sibling',
+      );
       expect(gym.calls.filter((c) => c.startsWith('run:'))).toEqual([]);
     });
   });
@@ -512,7 +541,10 @@ describe('live failures', () => {
   it('17. at prompt_group granularity a failed sibling stops its cohort-mates still running (retired before they report), and the cohort starts over together', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };
-    const cfg = runConfig('cohort-starts-over', { grpo: { num_generations_per_prompt: 3, max_num_steps: 1 }, rollout_recovery: { target_level: 'prompt_group' } });
+    const cfg = runConfig('cohort-starts-over', {
+      grpo: { num_generations_per_prompt: 3, max_num_steps: 1 },
+      rollout_recovery: { target_level: 'prompt_group' },
+    });
     await withWorker(env, bundle, gym, cfg, async () => {
       const handle = await startRun(cfg);
       await until(() => gym.running.size === 3, 'the cohort in flight');
@@ -520,13 +552,21 @@ describe('live failures', () => {
       gym.failRun(failed!);
       // The mates are retired (their /run ends) without anyone finishing them; then all three rerun.
       await until(() => mates.every((k) => gym.endedRuns().has(k)), 'the cohort-mates stopped');
-      for (const k of mates) expect(gym.calls.some((c) => c.startsWith('retire:') && c.includes(k)), k).toBe(true);
+      for (const k of mates)
+        expect(
+          gym.calls.some((c) => c.startsWith('retire:') && c.includes(k)),
+          k,
+        ).toBe(true);
       await until(() => gym.running.size === 3, 'the cohort rerunning as the next attempt');
       expect([...gym.running].sort()).toEqual([failed!, ...mates].map((k) => `${k}-a1`));
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 3, failedRollouts: 1 });
       expectRunsOnce(gym);
-      await recordHistories(env, 'cohort-starts-over', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), ...mates.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
+      await recordHistories(env, 'cohort-starts-over', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        ...mates.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!)),
+      ]);
     });
   });
 });
@@ -541,28 +581,33 @@ describe('lost activity tasks', () => {
     });
     // The attempts' workflows run on the rollout task queue; nobody polls it for activities yet.
     const attempts = await Worker.create({ connection: env.nativeConnection, taskQueue: cfg.run.rollout_task_queue, workflowBundle: bundle });
-    await withWorker(env, bundle, gym, cfg, () => attempts.runUntil(async () => {
-      const handle = await startRun(cfg);
-      // Nobody polls the rollout task queue for activities yet: both /run tasks wait past the timeout.
-      const attemptId = rolloutWorkflowId(cfg.run.name, { rollout_id: `${cfg.run.name}.p0.g0`, attempt: 0 });
-      const timedOut = async (): Promise<number> => {
-        const history = await env.client.workflow.getHandle(attemptId).fetchHistory().catch(() => undefined);
-        return (history?.events ?? []).filter((e) => e.activityTaskTimedOutEventAttributes).length;
-      };
-      await until(async () => (await timedOut()) >= 1, 'the first /run task to time out unstarted', 20_000);
-      expect(gym.runKeys()).toEqual([]);
-      const rollouts = await Worker.create({
-        connection: env.nativeConnection,
-        taskQueue: cfg.run.rollout_task_queue,
-        activities: { runEpisode: gym.activities().runEpisode! },
-      });
-      const summary = await rollouts.runUntil(handle.result());
-      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
-      expectRunsOnce(gym);
-      const history = await env.client.workflow.getHandle(attemptId).fetchHistory();
-      const scheduled = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'runEpisode');
-      expect(scheduled.length).toBeGreaterThanOrEqual(2);
-    }));
+    await withWorker(env, bundle, gym, cfg, () =>
+      attempts.runUntil(async () => {
+        const handle = await startRun(cfg);
+        // Nobody polls the rollout task queue for activities yet: both /run tasks wait past the timeout.
+        const attemptId = rolloutWorkflowId(cfg.run.name, { rollout_id: `${cfg.run.name}.p0.g0`, attempt: 0 });
+        const timedOut = async (): Promise<number> => {
+          const history = await env.client.workflow
+            .getHandle(attemptId)
+            .fetchHistory()
+            .catch(() => undefined);
+          return (history?.events ?? []).filter((e) => e.activityTaskTimedOutEventAttributes).length;
+        };
+        await until(async () => (await timedOut()) >= 1, 'the first /run task to time out unstarted', 20_000);
+        expect(gym.runKeys()).toEqual([]);
+        const rollouts = await Worker.create({
+          connection: env.nativeConnection,
+          taskQueue: cfg.run.rollout_task_queue,
+          activities: { runEpisode: gym.activities().runEpisode! },
+        });
+        const summary = await rollouts.runUntil(handle.result());
+        expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
+        expectRunsOnce(gym);
+        const history = await env.client.workflow.getHandle(attemptId).fetchHistory();
+        const scheduled = (history.events ?? []).filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'runEpisode');
+        expect(scheduled.length).toBeGreaterThanOrEqual(2);
+      }),
+    );
   }, 60_000);
 });
 
@@ -640,11 +685,17 @@ describe('Gym crashes (no crash ends a run)', () => {
       expect((await status(handle).catch(() => undefined))?.waitingForGymSince ?? null).toBeNull();
       const [first, crashed] = gym.metrics.map((m) => checkpointWorkflowId(cfg.run.name, m.checkpointId));
       const attempts = [...new Set(gym.runKeys())].filter((k) => k.endsWith('.g0') || k.endsWith('.g0-a1'));
-      await recordHistories(env, 'gym-crash', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), first!, crashed!, ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!))]);
+      await recordHistories(env, 'gym-crash', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        first!,
+        crashed!,
+        ...attempts.map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!)),
+      ]);
     });
   }, 60_000);
 
-  it('19. rollouts that fail while a Gym server is down are the crash\'s: the run looks at Gym, recovers, and reruns them without charging an attempt (chaos seed 109)', async () => {
+  it("19. rollouts that fail while a Gym server is down are the crash's: the run looks at Gym, recovers, and reruns them without charging an attempt (chaos seed 109)", async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };
     // One attempt per sibling: a charged failure would give the sibling up (masked, reward 0).
@@ -709,7 +760,12 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
       expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 0 });
       expect(gym.runKeys()).toHaveLength(2);
       expect(gym.endedRuns().size).toBe(0);
-      await recordHistories(env, 'deadline-held', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), checkpointWorkflowId(cfg.run.name, outcome.checkpointId), ...rolloutIds(cfg, gym)]);
+      await recordHistories(env, 'deadline-held', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        checkpointWorkflowId(cfg.run.name, outcome.checkpointId),
+        ...rolloutIds(cfg, gym),
+      ]);
     });
   });
 
@@ -740,7 +796,12 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
       const lateId = rolloutWorkflowId(cfg.run.name, parseCaptureKey(late)!);
       const report = await env.client.workflow.getHandle(lateId).result();
       expect(report).toMatchObject({ status: 'timed_out', captureKey: late });
-      await recordHistories(env, 'deadline-expiry', [cfg.run.name, shardWorkflowId(cfg.run.name, 0), lateId, rolloutWorkflowId(cfg.run.name, parseCaptureKey(retry)!)]);
+      await recordHistories(env, 'deadline-expiry', [
+        cfg.run.name,
+        shardWorkflowId(cfg.run.name, 0),
+        lateId,
+        rolloutWorkflowId(cfg.run.name, parseCaptureKey(retry)!),
+      ]);
     });
   });
 
@@ -831,7 +892,7 @@ describe(`rollout deadlines (async_rl.rollout_timeout_s: ${BUDGET_S}, real time)
 const ABANDON = 2;
 
 describe('continue-as-new', () => {
-  it('12. a long run and its shard continue as new; every rollout completes exactly once, and rollouts started before the shard\'s CAN report to its new execution', async () => {
+  it("12. a long run and its shard continue as new; every rollout completes exactly once, and rollouts started before the shard's CAN report to its new execution", async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };
     // The run's history grows by a few events per step (its shard's by a few per rollout): 16 steps cross 200.
@@ -839,13 +900,17 @@ describe('continue-as-new', () => {
     await withWorker(env, bundle, gym, cfg, async () => {
       const handle = await startRun(cfg);
       // Let each group's rollouts sit a moment (past the run's CAN decision), then finish them.
-      await until(async () => {
-        if (gym.running.size > 0) {
-          await delay(100);
-          gym.finishAll();
-        }
-        return isClosed(handle);
-      }, 'the run to close', 40_000);
+      await until(
+        async () => {
+          if (gym.running.size > 0) {
+            await delay(100);
+            gym.finishAll();
+          }
+          return isClosed(handle);
+        },
+        'the run to close',
+        40_000,
+      );
       const summary = await handle.result();
       expect(summary.continuedAsNew).toBeGreaterThanOrEqual(1);
       expect(summary).toMatchObject({ steps: 16, completedRollouts: 32, failedRollouts: 0 });
@@ -863,7 +928,8 @@ describe('continue-as-new', () => {
       for (const e of history.events ?? []) {
         const child = e.startChildWorkflowExecutionInitiatedEventAttributes?.workflowId;
         if (child?.includes('/rollout/')) started.add(child);
-        if (e.workflowExecutionSignaledEventAttributes?.signalName === 'rolloutFinished') reported.add(e.workflowExecutionSignaledEventAttributes.externalWorkflowExecution?.workflowId ?? '');
+        if (e.workflowExecutionSignaledEventAttributes?.signalName === 'rolloutFinished')
+          reported.add(e.workflowExecutionSignaledEventAttributes.externalWorkflowExecution?.workflowId ?? '');
       }
       const crossed = [...started].filter((id) => !reported.has(id));
       expect(crossed.length).toBeGreaterThan(0);

@@ -209,7 +209,9 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
   // Published: older snapshots go now, with admission open (best effort: the next one retries;
   // the run awaits it before it continues as new or ends).
   if (o.snapshotDir) {
-    const applied = ctx.storage.applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k }).catch(() => undefined);
+    const applied = ctx.storage
+      .applyRetention({ checkpointDir: cfg.run.checkpoint_dir, keepLatestK: cfg.rollout_checkpointing.keep_latest_k })
+      .catch(() => undefined);
     ctx.retention = Promise.all([ctx.retention, applied]);
   }
   if (o.gymRestarted || o.gymUnreachable) st.recoveryNeeded = true;

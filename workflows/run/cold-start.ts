@@ -33,9 +33,14 @@ export async function coldStart(ctx: RunContext, topology: GymTopology): Promise
     version = snap.manifest.trainer_version;
   } else if (anchor) {
     const fallback = await ctx.storage.readGymRestartFallback({ checkpointDir, anchor: anchor.anchor });
-    if (!fallback) throw refuse(`trainer anchor ${anchor.anchor} in ${checkpointDir} has neither a snapshot nor a Gym-restart fallback marker; refusing to start (use restore_mode: none or a new checkpoint_dir)`);
+    if (!fallback)
+      throw refuse(
+        `trainer anchor ${anchor.anchor} in ${checkpointDir} has neither a snapshot nor a Gym-restart fallback marker; refusing to start (use restore_mode: none or a new checkpoint_dir)`,
+      );
     if (fallback.gym_topology_fingerprint !== topology.fingerprint) {
-      throw refuse(`the Gym topology of ${anchor.anchor} (${fallback.gym_topology_fingerprint.slice(0, 12)}…) differs from the discovered one (${topology.fingerprint.slice(0, 12)}…)`);
+      throw refuse(
+        `the Gym topology of ${anchor.anchor} (${fallback.gym_topology_fingerprint.slice(0, 12)}…) differs from the discovered one (${topology.fingerprint.slice(0, 12)}…)`,
+      );
     }
     st.loadFrom = { marker: fallback.file };
     st.cursor = fallback.cursor;
@@ -75,7 +80,14 @@ export function setupLevels(ctx: RunContext, topology: GymTopology): void {
     if (caps) return caps;
     unreported.push(name);
     // Not reported (not a participant, or a server without our capabilities): assume the least.
-    return { environment: name, agent: '', supports_continuations: false, resources_checkpoint_mode: 'restart_only', verify_replayable: false, group_size: null };
+    return {
+      environment: name,
+      agent: '',
+      supports_continuations: false,
+      resources_checkpoint_mode: 'restart_only',
+      verify_replayable: false,
+      group_size: null,
+    };
   });
   try {
     const r = resolveLevels({

@@ -1,7 +1,7 @@
 // What every part of the training run shares within one execution: its config and state, the
 // activity proxies, and the flags its concurrent parts (main loop, checkpoint pump, handlers)
 // coordinate through. Nothing here survives continue-as-new but `st`.
-import { ApplicationFailure, workflowInfo } from '@temporalio/workflow';
+import { type ApplicationFailure, workflowInfo } from '@temporalio/workflow';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { controlActivities, gymRecoveryActivities, storageActivities, type Activities } from '../activities-proxy.js';

@@ -23,6 +23,7 @@ export async function dispatch(ctx: RunContext): Promise<void> {
     groups: Math.min(want, LOAD_BATCH_GROUPS),
     groupSize: cfg.grpo.num_generations_per_prompt,
     tasksets: cfg.grpo.tasksets,
+    withoutTasks: true,
   });
   // A checkpoint or a crash may have closed admission while the dataset was read: the next pass assigns them.
   if (!ctx.admissionOpen()) return;

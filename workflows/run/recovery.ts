@@ -83,7 +83,8 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
 /** Every shard did its part, or the run cannot know what its ledger holds. */
 function requireAll(step: string, answers: ShardAnswer[]): ShardAnswer[] {
   const failed = answers.filter((a) => a.error !== undefined);
-  if (failed.length > 0) throw ApplicationFailure.nonRetryable(`recovery (${step}): ${failed.map((a) => `shard ${a.shard}: ${a.error}`).join('; ')}`, 'invariant_error');
+  if (failed.length > 0)
+    throw ApplicationFailure.nonRetryable(`recovery (${step}): ${failed.map((a) => `shard ${a.shard}: ${a.error}`).join('; ')}`, 'invariant_error');
   return answers;
 }
 

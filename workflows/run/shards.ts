@@ -97,8 +97,14 @@ export function desiredHolds(ctx: RunContext): Omit<Holds, 'seq'> {
   const { st } = ctx;
   const admission: string[] = [];
   const deadlines: string[] = [];
-  if (st.gates.gymCheckpoint) admission.push(HOLDERS.checkpoint), deadlines.push(HOLDERS.checkpoint);
-  if (st.gates.weightSync) admission.push(HOLDERS.weightSync), deadlines.push(HOLDERS.weightSync);
+  for (const [closed, holder] of [
+    [st.gates.gymCheckpoint, HOLDERS.checkpoint],
+    [st.gates.weightSync, HOLDERS.weightSync],
+  ] as const) {
+    if (!closed) continue;
+    admission.push(holder);
+    deadlines.push(holder);
+  }
   // While Gym is down its attempts cannot report: their clocks stop, or a crash would spend them.
   if (st.recoveryNeeded || ctx.recovering) admission.push(HOLDERS.recovery);
   if (ctx.gymDown) deadlines.push(HOLDERS.recovery);

@@ -120,7 +120,11 @@ async function takeGroups(ctx: RunContext, step: number, groups: Array<[index: n
     batchFile: withBatch ? batchPartFile(cfg.run.checkpoint_dir, step, k) : null,
   }));
   const failed = answers.filter((a) => a.error !== undefined);
-  if (failed.length > 0) throw ApplicationFailure.nonRetryable(`training step ${step}: shards could not hand over their groups: ${failed.map((a) => a.error).join('; ')}`, 'invariant_error');
+  if (failed.length > 0)
+    throw ApplicationFailure.nonRetryable(
+      `training step ${step}: shards could not hand over their groups: ${failed.map((a) => a.error).join('; ')}`,
+      'invariant_error',
+    );
   const taken = new Set(groups.map(([index]) => index));
   st.ready = st.ready.filter(([index]) => !taken.has(index));
   const live = answers.reduce((n, a) => n + (a.live ?? 0), 0);
@@ -138,7 +142,11 @@ async function saveTrainerAnchor(ctx: RunContext, step: number): Promise<void> {
   const dir = fallbackPartsDir(cfg.run.checkpoint_dir, step);
   const parts = await ctx.shardsAsk.ask(allShards(st.shards), () => ({ kind: 'ledgerPart', dir }));
   const failed = parts.filter((a) => a.error !== undefined);
-  if (failed.length > 0) throw ApplicationFailure.nonRetryable(`trainer anchor step_${step}: shards could not write their ledger parts: ${failed.map((a) => a.error).join('; ')}`, 'invariant_error');
+  if (failed.length > 0)
+    throw ApplicationFailure.nonRetryable(
+      `trainer anchor step_${step}: shards could not write their ledger parts: ${failed.map((a) => a.error).join('; ')}`,
+      'invariant_error',
+    );
   const gymRestartFallback = { topologyFingerprint: st.topology?.fingerprint ?? '', ledgerParts: { dir, files: allShards(st.shards).map(ledgerPartFile) } };
   await withTrainerCatchUp(ctx, () =>
     ctx.storage.saveTrainerCheckpoint.executeWithOptions({ summary: `trainer checkpoint step_${step} and its Gym-restart fallback` }, [

@@ -79,7 +79,9 @@ export async function forgetFinished(ctx: ShardContext, force: boolean): Promise
   if (!force && st.forgetQueue.length < FORGET_BATCH) return;
   const batch = st.forgetQueue.slice(0, 1000);
   try {
-    await ctx.control.gymForget.executeWithOptions({ summary: `forget ${batch.length} rollouts` }, [{ topology: st.topology, timeoutS: input.gymTimeoutS, rolloutIds: batch }]);
+    await ctx.control.gymForget.executeWithOptions({ summary: `forget ${batch.length} rollouts` }, [
+      { topology: st.topology, timeoutS: input.gymTimeoutS, rolloutIds: batch },
+    ]);
     st.forgetQueue = st.forgetQueue.slice(batch.length);
   } catch (err) {
     // Kept for the next pass (e.g. a checkpoint opened meanwhile, or retire_incomplete).

@@ -33,7 +33,11 @@ export async function settleLiveFailures(ctx: ShardContext): Promise<void> {
       crashed = [`(discovery failed: ${describeFailure(err)})`];
     }
   }
-  if (crashed.length > 0) log.warn('rollouts failed under a Gym crash: recovery restarts them without charging an attempt', { failures: st.unconfirmedFailures.length, servers: crashed });
+  if (crashed.length > 0)
+    log.warn('rollouts failed under a Gym crash: recovery restarts them without charging an attempt', {
+      failures: st.unconfirmedFailures.length,
+      servers: crashed,
+    });
   const { toStop, gaveUp } = settleFailures(st, ctx.input.maxAttemptsPerSibling, crashed.length > 0);
   ctx.toStop.push(...toStop);
   for (const g of gaveUp) log.warn('sibling gave up', g);

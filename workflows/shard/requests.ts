@@ -152,4 +152,3 @@ async function consume(ctx: ShardContext, indexes: number[], batchFile: string |
   }
   return { batchFile, rewardSum, live };
 }
-

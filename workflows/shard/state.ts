@@ -94,4 +94,3 @@ export function admissionOpen(st: ShardState): boolean {
 export function groupIndex(group: L.PromptGroup): number {
   return group.task_ref?.prompt_index ?? Number(group.group_id.slice(group.group_id.lastIndexOf('.p') + 2));
 }
-

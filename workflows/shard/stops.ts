@@ -20,7 +20,9 @@ export async function stopAbandoned(ctx: ShardContext): Promise<void> {
   for (const f of flights) {
     if (f.stopSignalled) continue;
     f.stopSignalled = true;
-    await getExternalWorkflowHandle(f.workflowId).signal(stopAttempt, 'its cohort starts over').catch(() => undefined);
+    await getExternalWorkflowHandle(f.workflowId)
+      .signal(stopAttempt, 'its cohort starts over')
+      .catch(() => undefined);
   }
 }
 
@@ -35,6 +37,8 @@ export async function signalExpired(ctx: ShardContext): Promise<void> {
     D.removeDeadline(st.deadlines, key);
     if (!flight || flight.stopSignalled) continue;
     flight.stopSignalled = true;
-    await getExternalWorkflowHandle(flight.workflowId).signal(deadlineExpired).catch(() => undefined);
+    await getExternalWorkflowHandle(flight.workflowId)
+      .signal(deadlineExpired)
+      .catch(() => undefined);
   }
 }
