@@ -29,51 +29,25 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
-import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
+import { Client, Connection } from '@temporalio/client';
 import { discover, forget } from '../activities/coordination.js';
 import { createControlPool } from '../activities/control-client.js';
-import { loadPromptGroups } from '../activities/loader.js';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
-import type { Task } from '../protocol/tasks.js';
 import { startRun } from '../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../scripts/temporal-dev.mjs';
 import type { Endpoints } from '../servers/common/deployment.js';
 import { downDeployment, upDeployment } from '../servers/launcher/launcher.js';
-import { rolloutIdOf } from '../workflows/ledger.js';
 import { rolloutWorkflowId } from '../workflows/rolloutAttempt.js';
 import { shardCount } from '../workflows/run/shards.js';
 import { shardWorkflowId } from '../workflows/shard-id.js';
 import { createControllerWorkers } from '../worker.js';
-import { floorDriver, startFloorWorkers } from './floor/driver.js';
+import { floorDriver, floorEpisodes, startFloorWorkers } from './floor/driver.js';
+import { plannedGroups, type PlannedGroup } from './lib/planned-groups.js';
+import { executions } from './lib/workflow-limits.js';
 import { onExit } from './lib/cleanup.js';
 import { eventMs, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, newRunPool, postJson, type Reply } from './scale.js';
-
-export interface PlannedGroup {
-  groupId: string;
-  environment: string;
-  siblings: Array<{ rollout_id: string; task: Task }>;
-}
-
-/** The rollouts of a run's first `groups` prompt groups, exactly as the controller names and routes them. */
-export async function plannedGroups(cfg: RunConfig, groups: number): Promise<PlannedGroup[]> {
-  const loaded = await loadPromptGroups({
-    seed: cfg.run.seed,
-    cursor: 0,
-    groups,
-    groupSize: cfg.grpo.num_generations_per_prompt,
-    tasksets: cfg.grpo.tasksets,
-  });
-  return loaded.groups.map((g) => {
-    const groupId = `${cfg.run.name}.${g.group_id}`;
-    return {
-      groupId,
-      environment: cfg.grpo.environments[g.taskset] ?? `${g.taskset}_env`,
-      siblings: g.tasks.map((task, k) => ({ rollout_id: rolloutIdOf(groupId, k), task })),
-    };
-  });
-}
 
 /**
  * The plain driver: every group's siblings POSTed at once, at most `inFlight` groups unfinished;
@@ -125,18 +99,6 @@ interface Lifecycle {
 }
 
 const tsMs = eventMs;
-
-/** Every execution of a workflow ID, latest first (it may have continued as new). */
-async function executions(client: Client, workflowId: string): Promise<Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>>> {
-  const out: Array<Awaited<ReturnType<WorkflowHandle['fetchHistory']>>> = [];
-  for (let runId: string | undefined; ; ) {
-    const h: Awaited<ReturnType<WorkflowHandle['fetchHistory']>> = await client.workflow.getHandle(workflowId, runId).fetchHistory();
-    out.push(h);
-    const prev: string | null | undefined = h.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
-    if (!prev) return out;
-    runId = prev;
-  }
-}
 
 /** Up to `sample` rollout children of the run's shards, evenly spread, timed from their histories. */
 async function lifecycle(client: Client, runName: string, shards: number, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
@@ -304,15 +266,7 @@ async function main(): Promise<void> {
   const order: Array<'plain' | 'floor' | 'controller'> = [];
   for (let r = 0; r < repeat; r++) order.push(...(r % 2 === 0 ? (['plain', 'floor', 'controller'] as const) : (['controller', 'floor', 'plain'] as const)));
   const floorWorkers = await startFloorWorkers(server.address, TOKEN);
-  const floorGroups = planned.map((g) =>
-    g.siblings.map((sib) => ({
-      run: cfg.run.name,
-      environment: g.environment,
-      environmentUrl: endpoints[g.environment]!.url,
-      episode: { rollout_id: sib.rollout_id, attempt: 0 },
-      task: sib.task,
-    })),
-  );
+  const floorGroups = floorEpisodes(planned, cfg.run.name, endpoints);
   // Warm-up, not reported: a few groups each way (JIT of every server, the workers' first
   // workflow and activity tasks), under another run name.
   const warmCfg = RunConfigSchema.parse({
@@ -324,15 +278,7 @@ async function main(): Promise<void> {
   const warmIds = warm.flatMap((g) => g.siblings.map((s) => s.rollout_id));
   await plainDriver(endpoints, warm, inFlight);
   await cleanSlate(warmIds);
-  const warmFloor = warm.map((g) =>
-    g.siblings.map((sib) => ({
-      run: 'overhead-warm',
-      environment: g.environment,
-      environmentUrl: endpoints[g.environment]!.url,
-      episode: { rollout_id: sib.rollout_id, attempt: 0 },
-      task: sib.task,
-    })),
-  );
+  const warmFloor = floorEpisodes(warm, 'overhead-warm', endpoints);
   await floorDriver(client, floorWorkers, warmFloor, inFlight);
   await cleanSlate(warmIds);
   await (await startRun(client, warmCfg)).result();

@@ -1,8 +1,10 @@
-// controller-scale: N rollouts in flight through the Temporal controller on the dev server (WAL,
-// raised pending limits), each parked at its first model call by a per-rollout backend hold;
-// then one checkpoint through the controller, then release and let the run finish.
-//   npx tsx bench/controller-scale.ts [--rollouts 2000] [--rollouts 4000]
-// Prints the checkpoint attempt's stage seconds and the dispatch rate the dev server sustained.
+// controller-scale: N rollouts in flight through the Temporal controller on the dev server
+// (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
+// then K checkpoints through the controller, then release and let the run finish. Before it, on a
+// fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5]
+// Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, and the
+// busiest workflow against Temporal's default limits.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,7 +20,9 @@ import { checkpointNow, runStatus } from '../workflows/messages.js';
 import { onExit } from './lib/cleanup.js';
 import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
-import { workflowLimits, worstOf } from './lib/workflow-limits.js';
+import { limitsOf } from './lib/workflow-limits.js';
+import { plannedGroups } from './lib/planned-groups.js';
+import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
 import { shardWorkflowId } from '../workflows/rolloutShard.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
@@ -112,9 +116,9 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
   };
 }
 
-async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
-  const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${rollouts}-`));
-  // Temporal's default limits, as a user's cluster has them.
+/** A fresh dev server (Temporal's default limits, as a user's cluster has them) and Gym deployment, every rollout parked at its first model call. */
+async function world(rollouts: number, tag: string) {
+  const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${tag}-${rollouts}-`));
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
   const stopServer = onExit('the Temporal dev server', () => server.stop());
   await writeFile(join(dir, 'gym.yaml'), GYM);
@@ -124,21 +128,28 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const backend = endpoints.policy_backend!.url;
   // Every rollout parks at its first model call (the agent waits at the boundary before it).
   await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 0 });
-  // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
-  // leave the rest unstarted (and the bench waiting for their model calls forever).
-  const workers = await createControllerWorkers({
-    address: server.address,
-    controlToken: TOKEN,
-    taskQueue: 'scale',
-    rolloutTaskQueue: 'scale-run',
-    maxConcurrentRollouts: rollouts + 100,
-  });
-  const running = workers.run();
   const connection = await Connection.connect({ address: server.address });
-  const client = new Client({ connection });
+  return {
+    dir,
+    server,
+    endpoints,
+    backend,
+    client: new Client({ connection }),
+    cfg: scaleConfig(rollouts, dir),
+    modelCalls: async () => ((await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number }).count,
+    async teardown() {
+      await connection.close();
+      await stopGym();
+      await stopServer();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+function scaleConfig(rollouts: number, dir: string) {
   const generations = 4;
   const groups = rollouts / generations;
-  const cfg = RunConfigSchema.parse({
+  return RunConfigSchema.parse({
     run: {
       name: `scale-${rollouts}`,
       gym_run_dir: join(dir, 'gym'),
@@ -159,6 +170,44 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     trainer: { enabled: false },
     checkpointing: { enabled: false },
   });
+}
+
+/**
+ * Temporal's floor for the same dispatch (bench/floor/): the same N rollouts as one-activity
+ * workflows, all started at once by the bench, each parked at its first model call as the run's
+ * are; the seconds until all N have called.
+ */
+async function floorDispatchSeconds(rollouts: number): Promise<number> {
+  const w = await world(rollouts, 'floor');
+  const workers = await startFloorWorkers(w.server.address, TOKEN, rollouts + 100);
+  const episodes = floorEpisodes(await plannedGroups(w.cfg, w.cfg.grpo.num_prompts_per_step), w.cfg.run.name, w.endpoints).flat();
+  const t0 = Date.now();
+  const starting = floorStart(w.client, workers, episodes);
+  while ((await w.modelCalls()) < rollouts) {
+    if (Date.now() - t0 > 900_000) throw new Error(`floor: only ${await w.modelCalls()} of ${rollouts} parked after 15 min`);
+    await sleep(250);
+  }
+  const seconds = (Date.now() - t0) / 1000;
+  await starting;
+  // The workers first: shutting down cancels the parked `/run`s (their heartbeats carry it).
+  await Promise.race([workers.stop(), sleep(60_000)]);
+  await w.teardown();
+  return seconds;
+}
+
+async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
+  const floorS = await floorDispatchSeconds(rollouts);
+  const { server, backend, client, cfg, modelCalls, teardown } = await world(rollouts, 'controller');
+  // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
+  // leave the rest unstarted (and the bench waiting for their model calls forever).
+  const workers = await createControllerWorkers({
+    address: server.address,
+    controlToken: TOKEN,
+    taskQueue: 'scale',
+    rolloutTaskQueue: 'scale-run',
+    maxConcurrentRollouts: rollouts + 100,
+  });
+  const running = workers.run();
   const t0 = Date.now();
   const handle = await startRun(client, cfg);
   // Wait until every rollout is parked at its held second call.
@@ -167,7 +216,7 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     // The run may be too busy starting children to answer a query at once: try again.
     let queryError: unknown;
     const s = await handle.query(runStatus).catch((err: unknown) => void (queryError = err));
-    const count = (await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number };
+    const count = { count: await modelCalls() };
     // Checked first: a run that never answers (e.g. its workflow task fails on every attempt) must not hang the bench.
     if (Date.now() - t0 > 900_000) {
       throw new Error(
@@ -211,7 +260,7 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
   const info = await handle.describe();
   // The run, its shards and its checkpoint attempts against Temporal's default limits.
   const ids = [cfg.run.name, ...Array.from({ length: shardCount(cfg) }, (_, k) => shardWorkflowId(cfg.run.name, k)), ...attemptIds];
-  const limits = worstOf(await Promise.all(ids.map(async (id) => workflowLimits((await client.workflow.getHandle(id).fetchHistory()).events ?? []))));
+  const limits = await limitsOf(client, ids);
   const row: Row = {
     rollouts,
     ...median,
@@ -220,6 +269,8 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     admission_closed_each_s: taken.map((t) => Number(t.admission_closed_s).toFixed(3)).join(' '),
     dispatch_s: round3((dispatchedAt - t0) / 1000),
     dispatch_per_s: round3(rollouts / ((dispatchedAt - t0) / 1000)),
+    floor_dispatch_s: round3(floorS),
+    floor_dispatch_per_s: round3(rollouts / floorS),
     parked_s: round3((parkedAt - t0) / 1000),
     server_cores_parked: round3(parkedCores),
     finish_s: round3((finishedAt - parkedAt) / 1000),
@@ -234,12 +285,9 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     max_signals_per_s: round3(limits.maxSignalsPerS),
     max_payload_bytes: limits.maxPayloadBytes,
   };
-  await connection.close();
   await workers.shutdown();
   await running;
-  await stopGym();
-  await stopServer();
-  await rm(dir, { recursive: true, force: true });
+  await teardown();
   return row;
 }
 
@@ -262,6 +310,7 @@ const file = writeBenchResult(
     checkpoint_s: Number(last.checkpoint_s),
     admission_closed_s: Number(last.admission_closed_s),
     dispatch_per_s: Number(last.dispatch_per_s),
+    floor_dispatch_per_s: Number(last.floor_dispatch_per_s),
     admission_closed_median_s: Number(last.admission_closed_s),
     max_pending_children: Number(last.max_pending_children),
     max_signals_per_s: Number(last.max_signals_per_s),

@@ -7,6 +7,8 @@ import type { Client } from '@temporalio/client';
 import { NativeConnection, Worker, bundleWorkflowCode } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from '../../activities/index.js';
 import type { RunEpisodeInput } from '../../protocol/controller.js';
+import type { Endpoints } from '../../servers/common/deployment.js';
+import type { PlannedGroup } from '../lib/planned-groups.js';
 import { floorRollout } from './workflows.js';
 
 const WORKFLOWS = fileURLToPath(new URL('./workflows.ts', import.meta.url));
@@ -50,6 +52,36 @@ export async function startFloorWorkers(address: string, controlToken: string, m
   };
 }
 
+/** The planned groups as the `/run` inputs of attempt 0 under run name `run`. */
+export function floorEpisodes(planned: readonly PlannedGroup[], run: string, endpoints: Endpoints): RunEpisodeInput[][] {
+  return planned.map((g) =>
+    g.siblings.map((sib) => ({
+      run,
+      environment: g.environment,
+      environmentUrl: endpoints[g.environment]!.url,
+      episode: { rollout_id: sib.rollout_id, attempt: 0 },
+      task: sib.task,
+    })),
+  );
+}
+
+function floorWorkflowId(s: RunEpisodeInput): string {
+  return `floor/${s.run}/${s.episode.rollout_id}`;
+}
+
+/** Starts every floor rollout at once without waiting for any (the dispatch floor of controller-scale). */
+export async function floorStart(client: Client, workers: FloorWorkers, episodes: readonly RunEpisodeInput[]): Promise<void> {
+  await Promise.all(
+    episodes.map((s) =>
+      client.workflow.start(floorRollout, {
+        workflowId: floorWorkflowId(s),
+        taskQueue: workers.taskQueue,
+        args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
+      }),
+    ),
+  );
+}
+
 /** Every group's floor rollouts, at most `inFlight` groups unfinished; the number that completed. */
 export async function floorDriver(client: Client, workers: FloorWorkers, groups: RunEpisodeInput[][], inFlight: number): Promise<number> {
   let next = 0;
@@ -60,7 +92,7 @@ export async function floorDriver(client: Client, workers: FloorWorkers, groups:
       const results = await Promise.all(
         g.map((s) =>
           client.workflow.execute(floorRollout, {
-            workflowId: `floor/${s.run}/${s.episode.rollout_id}`,
+            workflowId: floorWorkflowId(s),
             taskQueue: workers.taskQueue,
             args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
           }),

@@ -1,7 +1,10 @@
 // How close one workflow came to Temporal's default limits, read from its event history: the most
 // children and activities pending at once (2,000 each by default), the busiest stretch of signals
 // into it, and its largest payload (2 MB per payload by default; we aim well under 256 KB).
+import type { Client, WorkflowHandle } from '@temporalio/client';
 import { eventMs, eventType, type HistoryEvents } from './history-timing.js';
+
+export type History = Awaited<ReturnType<WorkflowHandle['fetchHistory']>>;
 
 export interface WorkflowLimits {
   maxPendingChildren: number;
@@ -34,23 +37,31 @@ function payloadBytes(v: unknown): number {
   return 0;
 }
 
-/** `windowS`: the stretch over which the signal rate counts as sustained. */
-export function workflowLimits(events: HistoryEvents, windowS = 10): WorkflowLimits {
-  let children = 0;
-  let activities = 0;
+/**
+ * One workflow ID over all its executions (`runs`: each execution's events; it may have continued
+ * as new): pending counts per execution (the server keeps them per execution), signals over all
+ * of them (the rate into one workflow ID is what a cluster feels). `windowS`: the stretch over
+ * which the signal rate counts as sustained.
+ */
+export function workflowLimits(runs: HistoryEvents[], windowS = 10): WorkflowLimits {
   const out: WorkflowLimits = { maxPendingChildren: 0, maxPendingActivities: 0, maxSignalsPerS: 0, maxPayloadBytes: 0 };
   const signals: number[] = [];
-  for (const e of events) {
-    const type = eventType(e);
-    if (type === 'startChildWorkflowExecutionInitiated') children += 1;
-    else if (CHILD_CLOSED.has(type)) children -= 1;
-    else if (type === 'activityTaskScheduled') activities += 1;
-    else if (ACTIVITY_CLOSED.has(type)) activities -= 1;
-    else if (type === 'workflowExecutionSignaled') signals.push(eventMs(e.eventTime));
-    out.maxPendingChildren = Math.max(out.maxPendingChildren, children);
-    out.maxPendingActivities = Math.max(out.maxPendingActivities, activities);
-    out.maxPayloadBytes = Math.max(out.maxPayloadBytes, payloadBytes(e));
+  for (const events of runs) {
+    let children = 0;
+    let activities = 0;
+    for (const e of events) {
+      const type = eventType(e);
+      if (type === 'startChildWorkflowExecutionInitiated') children += 1;
+      else if (CHILD_CLOSED.has(type)) children -= 1;
+      else if (type === 'activityTaskScheduled') activities += 1;
+      else if (ACTIVITY_CLOSED.has(type)) activities -= 1;
+      else if (type === 'workflowExecutionSignaled') signals.push(eventMs(e.eventTime));
+      out.maxPendingChildren = Math.max(out.maxPendingChildren, children);
+      out.maxPendingActivities = Math.max(out.maxPendingActivities, activities);
+      out.maxPayloadBytes = Math.max(out.maxPayloadBytes, payloadBytes(e));
+    }
   }
+  signals.sort((a, b) => a - b);
   for (let i = 0, j = 0; j < signals.length; j++) {
     while (signals[j]! - signals[i]! > windowS * 1000) i++;
     out.maxSignalsPerS = Math.max(out.maxSignalsPerS, (j - i + 1) / windowS);
@@ -66,4 +77,22 @@ export function worstOf(all: WorkflowLimits[]): WorkflowLimits {
     maxSignalsPerS: Math.max(0, ...all.map((l) => l.maxSignalsPerS)),
     maxPayloadBytes: Math.max(0, ...all.map((l) => l.maxPayloadBytes)),
   };
+}
+
+/** Every execution of a workflow ID, latest first (it may have continued as new). */
+export async function executions(client: Client, workflowId: string): Promise<History[]> {
+  const out: History[] = [];
+  for (let runId: string | undefined; ; ) {
+    const h: History = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+    out.push(h);
+    const prev = h.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
+    if (!prev) return out;
+    runId = prev;
+  }
+}
+
+/** The limits of each workflow ID over all its executions, worst of all. */
+export async function limitsOf(client: Client, workflowIds: readonly string[]): Promise<WorkflowLimits> {
+  const each = await Promise.all(workflowIds.map(async (id) => workflowLimits((await executions(client, id)).map((h) => h.events ?? []))));
+  return worstOf(each);
 }
