@@ -8,8 +8,11 @@ import type { RunContext } from './context.js';
 import { ensureShards, sendGroups } from './shards.js';
 import { totalUnfinished } from './state.js';
 
-/** Groups per dataset read: an activity result stays far below Temporal's payload limits. */
-const LOAD_BATCH_GROUPS = 64;
+/**
+ * Groups per dataset read: read without their tasks, a group is ~100 bytes of result and ~300 of
+ * signal to its shard, so a read stays far below Temporal's payload limits.
+ */
+const LOAD_BATCH_GROUPS = 256;
 
 export async function dispatch(ctx: RunContext): Promise<void> {
   const { st, cfg } = ctx;
