@@ -146,6 +146,20 @@ describe('applyReports', () => {
     expect(Object.keys(st.inFlight)).toEqual([]);
   });
 
+  it('a group-scored cohort member lost while a recovery is already on stops its mates still running too (chaos seed 3)', () => {
+    const st = runWithGroup(3, 'prompt_group');
+    st.gymCrashed = 'another group: other side closed';
+    st.reports = [failed(ep('reports.p0.g0'), { reason: 'other side closed' })];
+    const { toStop } = applyReports(st, cfg);
+    expect(toStop.map((f) => f.workflowId).sort()).toEqual(['wf/reports.p0.g1', 'wf/reports.p0.g2']);
+    expect(st).toMatchObject({ failed: 0, unconfirmedFailures: [] });
+    // A sibling-granularity group keeps its other members running: each continues on its own.
+    const sib = runWithGroup(3);
+    sib.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [] };
+    sib.reports = [failed(ep('reports.p0.g0'))];
+    expect(applyReports(sib, cfg).toStop).toEqual([]);
+  });
+
   it('the last sibling sealed queues its group for the run once, with its live rewards', () => {
     const st = runWithGroup(2);
     st.reports = [report(ep('reports.p0.g0'), { reward: 1 })];

@@ -46,12 +46,14 @@ export function applyReports(st: ShardState, maxAttempts: number): AppliedReport
       }
       continue;
     }
-    if (!currentSibling(st, r)) continue;
-    // A retired one too: during a recovery only a cohort broken by the crash is stopped (below).
+    const found = currentSibling(st, r);
+    if (!found) continue;
+    // A retired one too: during a recovery only a cohort broken by the crash is stopped.
     if (r.reason === GYM_RESTARTED || ((r.status === 'failed' || r.status === 'retired') && inRecovery(st))) {
       // Not the attempt's fault: the Gym process under it restarted. Recovery decides whether
       // it continues from the last snapshot (N+1) or starts over; it stays `dispatched` until then.
       st.gymCrashed ??= `${r.captureKey}: ${r.reason ?? r.status}`;
+      stopBrokenCohort(st, found, out);
       continue;
     }
     if (r.status === 'failed') {
@@ -92,17 +94,25 @@ export function settleFailures(st: ShardState, maxAttempts: number, gymCrashed: 
       continue;
     }
     st.gymCrashed ??= `${r.captureKey}: ${r.reason ?? r.status} (a Gym server restarted or did not answer)`;
-    // A cohort that re-forms only whole (group-scored verification) is broken: its members still
-    // running would wait in /verify for a cohort that cannot form, and hold the recovery. Stopped
-    // now; the recovery continues or restarts the cohort together.
-    if (found.group.recovery_granularity !== 'prompt_group') continue;
-    for (const s of found.group.siblings) {
-      if (s === found.sibling) continue;
-      const flight = st.inFlight[L.siblingKey(s)];
-      if (flight && !flight.stopSignalled) out.toStop.push(flight);
-    }
+    stopBrokenCohort(st, found, out);
   }
   return out;
+}
+
+/**
+ * A sibling lost to a crash breaks a cohort that re-forms only whole (group-scored verification):
+ * its members still running would wait in /verify for a cohort that cannot form, and hold the
+ * recovery's drain for ever. They are stopped now, whether the loss was noticed by the shard's own
+ * look at Gym or arrived while a recovery was already on (chaos seed 3: an agent killed during a
+ * checkpoint); the recovery continues or restarts the cohort together.
+ */
+function stopBrokenCohort(st: ShardState, found: NonNullable<ReturnType<typeof currentSibling>>, out: AppliedReports): void {
+  if (found.group.recovery_granularity !== 'prompt_group') return;
+  for (const s of found.group.siblings) {
+    if (s === found.sibling) continue;
+    const flight = st.inFlight[L.siblingKey(s)];
+    if (flight && !flight.stopSignalled && !out.toStop.includes(flight)) out.toStop.push(flight);
+  }
 }
 
 /** Starts the sibling (or its whole group) over as the next attempt within the budget, or gives it up. */
