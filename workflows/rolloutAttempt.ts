@@ -3,7 +3,7 @@
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
 // runs on. The report goes to the attempt's rollout shard by workflow ID (which survives the
 // shard's continue-as-new); the shard relays it to the run in a batch.
-import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep } from '@temporalio/workflow';
+import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep, upsertMemo } from '@temporalio/workflow';
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
@@ -94,6 +94,8 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
       report = failedReport(input.episode, 'failed', describeFailure(outcome.error), code !== undefined && code !== 'gym_transient', seconds());
     }
   }
+  // Status and reward in the workflow list (the Temporal UI, the chaos checks), without opening each one.
+  await upsertMemo({ status: report.status, reward: report.reward });
   await getExternalWorkflowHandle(input.reportTo).signal(rolloutFinished, report);
   return report;
 }
