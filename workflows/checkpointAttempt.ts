@@ -4,7 +4,7 @@
 // The run has closed admission in every shard before it starts this. A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
-import { ApplicationFailure, getExternalWorkflowHandle, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
+import { getExternalWorkflowHandle, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
 import {
   groupOfRollout,
   shardOf,
@@ -152,7 +152,6 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
         ]),
       ),
     );
-    checkCommitInvariants(input, commit);
     const parts = new Map(requireAnswers('ledger cut', await cut).map((a) => [a.shard, a.part!]));
 
     // Episodes in flight at the start that no environment committed: their `/run` replies are on
@@ -299,27 +298,6 @@ async function gymCall<T>(fn: () => Promise<T>): Promise<T> {
     if (type === 'invariant_error') throw err;
     const reason = type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error';
     throw new AttemptFailed(reason, message, unreachableServers(err).length > 0);
-  }
-}
-
-/** The controller's own checks: never wrapped, an inconsistency ends the run. */
-function checkCommitInvariants(input: CheckpointAttemptInput, commit: GymCommitOutcome): void {
-  if (commit.checkpointId !== input.checkpointId) {
-    throw ApplicationFailure.nonRetryable(`commit answered for ${commit.checkpointId}, not ${input.checkpointId}`, 'invariant_error');
-  }
-  const expected = input.topology.members.map((m) => m.name).sort();
-  const got = Object.keys(commit.participants).sort();
-  if (JSON.stringify(expected) !== JSON.stringify(got)) {
-    throw ApplicationFailure.nonRetryable(`committed participants ${got.join(',')} differ from the topology ${expected.join(',')}`, 'invariant_error');
-  }
-  for (const name of got) {
-    const member = input.topology.members.find((m) => m.name === name)!;
-    if (commit.participants[name]!.kind !== member.kind) {
-      throw ApplicationFailure.nonRetryable(
-        `participant ${name} committed as ${commit.participants[name]!.kind}, discovered as ${member.kind}`,
-        'invariant_error',
-      );
-    }
   }
 }
 

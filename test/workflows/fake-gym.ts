@@ -31,7 +31,7 @@ export interface FakeGymScript {
   commitFailure?: Failure;
   /** Resume throws this many times. */
   resumeFailures?: number;
-  /** Commit answers with participants that differ from the topology (a controller invariant). */
+  /** Commit answers with participants that differ from the topology: the activity's invariant_error. */
   commitWrongParticipants?: boolean;
   /** Held prepares wait for `releasePrepare()` (heartbeating, like the real Gym calls). */
   holdPrepare?: boolean;
@@ -272,9 +272,12 @@ export class FakeGym {
           setTimeout(() => {
             for (const k of finished) this.finishRun(k);
           }, 200);
+        // The real activity checks the replies against the topology (activities/gym.ts) and fails as this does.
+        if (s.commitWrongParticipants)
+          throw ApplicationFailure.nonRetryable('commit does not match the topology or scope: stranger: replied but is not in the topology', 'invariant_error');
         const participants: GymCommitOutcome['participants'] = {};
         for (const m of TOPOLOGY.members) {
-          participants[s.commitWrongParticipants && m.kind === 'agent' ? 'stranger' : m.name] = {
+          participants[m.name] = {
             kind: m.kind,
             instance: m.name,
             manifest: { checkpoint_id: input.checkpointId },
