@@ -9,6 +9,7 @@ import { closeActivityPools, createActivities, createActivityPools } from '../..
 import type { RunEpisodeInput } from '../../protocol/controller.js';
 import type { Endpoints } from '../../servers/common/deployment.js';
 import type { PlannedGroup } from '../lib/planned-groups.js';
+import { limiter } from '../scale.js';
 import { floorRollout } from './workflows.js';
 
 const WORKFLOWS = fileURLToPath(new URL('./workflows.ts', import.meta.url));
@@ -69,15 +70,22 @@ function floorWorkflowId(s: RunEpisodeInput): string {
   return `floor/${s.run}/${s.episode.rollout_id}`;
 }
 
-/** Starts every floor rollout at once without waiting for any (the dispatch floor of controller-scale). */
-export async function floorStart(client: Client, workers: FloorWorkers, episodes: readonly RunEpisodeInput[]): Promise<void> {
+/**
+ * Starts every floor rollout without waiting for any to finish (the dispatch floor of
+ * controller-scale), `concurrency` start calls at a time: thousands at once make the dev server
+ * miss the calls' deadlines.
+ */
+export async function floorStart(client: Client, workers: FloorWorkers, episodes: readonly RunEpisodeInput[], concurrency = 100): Promise<void> {
+  const limit = limiter(concurrency);
   await Promise.all(
     episodes.map((s) =>
-      client.workflow.start(floorRollout, {
-        workflowId: floorWorkflowId(s),
-        taskQueue: workers.taskQueue,
-        args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
-      }),
+      limit(() =>
+        client.workflow.start(floorRollout, {
+          workflowId: floorWorkflowId(s),
+          taskQueue: workers.taskQueue,
+          args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
+        }),
+      ),
     ),
   );
 }
