@@ -130,7 +130,6 @@ async function world(rollouts: number, tag: string) {
   await post(`${backend}/_ctl/hold`, { after_calls_per_rollout: 0 });
   const connection = await Connection.connect({ address: server.address });
   return {
-    dir,
     server,
     endpoints,
     backend,
@@ -174,8 +173,8 @@ function scaleConfig(rollouts: number, dir: string) {
 
 /**
  * Temporal's floor for the same dispatch (bench/floor/): the same N rollouts as one-activity
- * workflows, all started at once by the bench, each parked at its first model call as the run's
- * are; the seconds until all N have called.
+ * workflows started by the bench (100 start calls at a time), each parked at its first model call
+ * as the run's are; the seconds until they have called.
  */
 async function floorDispatchSeconds(rollouts: number): Promise<number> {
   const w = await world(rollouts, 'floor');
@@ -224,22 +223,21 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
     // The run may be too busy starting children to answer a query at once: try again.
     let queryError: unknown;
     const s = await handle.query(runStatus).catch((err: unknown) => void (queryError = err));
-    const count = { count: await modelCalls() };
+    const calls = await modelCalls();
     // Checked first: a run that never answers (e.g. its workflow task fails on every attempt) must not hang the bench.
     if (Date.now() - t0 > 900_000) {
       throw new Error(
-        `only ${s ? s.inFlight : '?'} in flight, ${count.count} calls after 15 min${s ? '' : ` (the run does not answer queries: ${String(queryError)})`}`,
+        `only ${s ? s.inFlight : '?'} in flight, ${calls} calls after 15 min${s ? '' : ` (the run does not answer queries: ${String(queryError)})`}`,
       );
     }
     if (!s) {
-      if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: no answer to the status query, ${count.count} model calls`);
+      if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: no answer to the status query, ${calls} model calls`);
       await new Promise((r) => setTimeout(r, 1000));
       continue;
     }
     if (!dispatchedAt && s.inFlight >= rollouts) dispatchedAt = Date.now();
-    if (s.inFlight >= rollouts && count.count >= rollouts) break;
-    if (process.env.BENCH_VERBOSE)
-      console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${count.count} model calls, phase ${s.phase}`);
+    if (s.inFlight >= rollouts && calls >= rollouts) break;
+    if (process.env.BENCH_VERBOSE) console.log(`  ${((Date.now() - t0) / 1000).toFixed(0)} s: ${s.inFlight} in flight, ${calls} model calls, phase ${s.phase}`);
     await new Promise((r) => setTimeout(r, 1000));
   }
   // The dev server's load while everything is parked (the heartbeats of N parked `/run`s).

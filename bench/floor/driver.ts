@@ -66,8 +66,13 @@ export function floorEpisodes(planned: readonly PlannedGroup[], run: string, end
   );
 }
 
-function floorWorkflowId(s: RunEpisodeInput): string {
-  return `floor/${s.run}/${s.episode.rollout_id}`;
+/** How the bench starts one floor rollout (its workflow ID, queue and input). */
+function startOptions(s: RunEpisodeInput, workers: FloorWorkers) {
+  return {
+    workflowId: `floor/${s.run}/${s.episode.rollout_id}`,
+    taskQueue: workers.taskQueue,
+    args: [{ ...s, runTaskQueue: workers.runTaskQueue }] as [RunEpisodeInput & { runTaskQueue: string }],
+  };
 }
 
 /**
@@ -77,17 +82,7 @@ function floorWorkflowId(s: RunEpisodeInput): string {
  */
 export async function floorStart(client: Client, workers: FloorWorkers, episodes: readonly RunEpisodeInput[], concurrency = 100): Promise<void> {
   const limit = limiter(concurrency);
-  await Promise.all(
-    episodes.map((s) =>
-      limit(() =>
-        client.workflow.start(floorRollout, {
-          workflowId: floorWorkflowId(s),
-          taskQueue: workers.taskQueue,
-          args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
-        }),
-      ),
-    ),
-  );
+  await Promise.all(episodes.map((s) => limit(() => client.workflow.start(floorRollout, startOptions(s, workers)))));
 }
 
 /** Every group's floor rollouts, at most `inFlight` groups unfinished; the number that completed. */
@@ -97,15 +92,7 @@ export async function floorDriver(client: Client, workers: FloorWorkers, groups:
   const lane = async (): Promise<void> => {
     while (next < groups.length) {
       const g = groups[next++]!;
-      const results = await Promise.all(
-        g.map((s) =>
-          client.workflow.execute(floorRollout, {
-            workflowId: floorWorkflowId(s),
-            taskQueue: workers.taskQueue,
-            args: [{ ...s, runTaskQueue: workers.runTaskQueue }],
-          }),
-        ),
-      );
+      const results = await Promise.all(g.map((s) => client.workflow.execute(floorRollout, startOptions(s, workers))));
       completed += results.filter((r) => r.status === 'completed').length;
     }
   };
