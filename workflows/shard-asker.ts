@@ -1,7 +1,7 @@
 // Asking every rollout shard of a run for its part (messages.ts ShardRequest) and collecting the
 // answers: one request/answer pair per shard for each exchange (a checkpoint's candidates and cut,
 // a recovery's steps, a training step's batch). Used by the run and by its checkpoint attempts.
-import { condition, getExternalWorkflowHandle, isCancellation, setHandler } from '@temporalio/workflow';
+import { condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep } from '@temporalio/workflow';
 import { shardAnswer, shardRequest, type ShardAnswer, type ShardRequest, type ShardRequestBody } from './messages.js';
 import { shardWorkflowId } from './shard-id.js';
 
@@ -34,12 +34,8 @@ export class ShardAsker {
     await Promise.all(
       shards.map(async (k, i) => {
         const req = { ...request(k), id: ids[i]!, replyTo: this.replyTo } as ShardRequest;
-        try {
-          await getExternalWorkflowHandle(shardWorkflowId(this.run, k)).signal(shardRequest, req);
-        } catch (err) {
-          if (isCancellation(err)) throw err;
-          failed.set(ids[i]!, `shard ${k} could not be asked: ${String(err)}`);
-        }
+        const err = await signalShard(shardWorkflowId(this.run, k), req);
+        if (err !== undefined) failed.set(ids[i]!, `shard ${k} could not be asked: ${err}`);
       }),
     );
     const done = (): boolean => ids.every((id) => this.answers.has(id) || failed.has(id));
@@ -52,6 +48,28 @@ export class ShardAsker {
     });
   }
 }
+
+/**
+ * A shard lives as long as its run, but a signal sent while it continues as new can find no
+ * execution to deliver to (the time-skipping server reports "not found" in that moment), so a
+ * refused signal is sent again a few times, a second apart, before the shard counts as lost.
+ * Returns the last error, or undefined once delivered.
+ */
+async function signalShard(workflowId: string, req: ShardRequest): Promise<string | undefined> {
+  let last = '';
+  for (let attempt = 1; attempt <= SIGNAL_ATTEMPTS; attempt++) {
+    try {
+      await getExternalWorkflowHandle(workflowId).signal(shardRequest, req);
+      return undefined;
+    } catch (err) {
+      if (isCancellation(err)) throw err;
+      last = String(err);
+    }
+    if (attempt < SIGNAL_ATTEMPTS) await sleep(1000);
+  }
+  return last;
+}
+const SIGNAL_ATTEMPTS = 5;
 
 /** `0 … n-1`. */
 export function allShards(n: number): number[] {
