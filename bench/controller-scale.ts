@@ -2,7 +2,7 @@
 // (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
-//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5]
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, and the
 // busiest workflow against Temporal's default limits.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -202,8 +202,8 @@ async function floorDispatchSeconds(rollouts: number): Promise<number> {
   return seconds;
 }
 
-async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
-  const floorS = await floorDispatchSeconds(rollouts);
+async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean): Promise<Row> {
+  const floorS = withFloor ? await floorDispatchSeconds(rollouts) : Number.NaN;
   const { server, backend, client, cfg, modelCalls, teardown } = await world(rollouts, 'controller');
   // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
   // leave the rest unstarted (and the bench waiting for their model calls forever).
@@ -298,14 +298,19 @@ async function runOnce(rollouts: number, checkpoints: number): Promise<Row> {
 }
 
 const { values } = parseArgs({
-  options: { rollouts: { type: 'string', multiple: true, default: ['2000'] }, checkpoints: { type: 'string', default: '1' } },
+  options: {
+    rollouts: { type: 'string', multiple: true, default: ['2000'] },
+    checkpoints: { type: 'string', default: '1' },
+    // For profiling the controller alone: the figures' floor columns are then NaN.
+    'no-floor': { type: 'boolean', default: false },
+  },
 });
 const checkpoints = Number(values.checkpoints);
 if (!Number.isInteger(checkpoints) || checkpoints < 1) throw new Error(`--checkpoints must be a positive integer, got ${values.checkpoints}`);
 const rows: Row[] = [];
 for (const n of values.rollouts!.map(Number)) {
   console.log(`controller-scale: ${n} rollouts in flight, ${checkpoints} checkpoint(s) …`);
-  rows.push(await runOnce(n, checkpoints));
+  rows.push(await runOnce(n, checkpoints, !values['no-floor']));
   printTable(rows);
 }
 const last = rows[rows.length - 1]!;
