@@ -1,11 +1,12 @@
-// The Fastify app every Gym server starts from: pino logging, `/healthz`, the typed error
-// envelope, and the `/ng-rollout/<capture key>` prefix stripped before routing (control-plane.md
-// §2.4) with the decoded episode kept on the request.
+// The Fastify app every Gym server starts from: pino logging, `/healthz`, `/metrics`, the typed
+// error envelope (each one counted), and the `/ng-rollout/<capture key>` prefix stripped before
+// routing (control-plane.md §2.4) with the decoded episode kept on the request.
 import type { IncomingMessage } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { isProtocolError } from '../../protocol/errors.js';
 import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
 import { SERVER_KEEP_ALIVE_MS } from '../../protocol/keep-alive.js';
+import { serveMetrics } from './metrics.js';
 
 const ROLLOUT = Symbol('ngRollout');
 type WithRollout = IncomingMessage & { [ROLLOUT]?: RolloutPath };
@@ -16,6 +17,8 @@ export interface GymAppOptions {
   /** pino level; `silent` in tests that do not want logs. */
   logLevel?: string;
   bodyLimit?: number;
+  /** Node process metrics (CPU, memory, GC, event loop) in `/metrics` too; default true. */
+  processMetrics?: boolean;
 }
 
 export function createGymApp(opts: GymAppOptions): FastifyInstance {
@@ -34,10 +37,15 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
     },
   });
   app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));
+  const metrics = serveMetrics(app, { processMetrics: opts.processMetrics });
   app.setErrorHandler((err, req, reply) => {
-    if (isProtocolError(err)) return reply.code(err.status).send(err.toEnvelope());
+    if (isProtocolError(err)) {
+      metrics.refused(err.code);
+      return reply.code(err.status).send(err.toEnvelope());
+    }
     const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
     if (e.statusCode && e.statusCode >= 400 && e.statusCode < 500) {
+      metrics.refused('invalid_request');
       return reply.code(e.statusCode).send({ error: { code: 'invalid_request', detail: e.message ?? 'invalid request' } });
     }
     req.log.error({ err }, 'request failed');

@@ -8,6 +8,7 @@ import type { ParticipantHooks } from '../control/hooks.js';
 import { mountControlPlane } from '../control/plugin.js';
 import { ConfigError } from './config-error.js';
 import type { Deployment, Endpoints, ServerEntry, ServerKind } from './deployment.js';
+import { metricsOf } from './metrics.js';
 
 export interface ServerContext {
   name: string;
@@ -45,6 +46,7 @@ export async function mountParticipant(app: FastifyInstance, ctx: ServerContext,
     hooks,
     leaseGraceSeconds: ctx.checkpoint.lease_grace_seconds,
     log: (msg, err) => app.log.warn({ err }, msg),
+    metrics: metricsOf(app),
   });
   await mountControlPlane(app, { plane, token: ctx.checkpoint.control_auth_token! });
   return plane;

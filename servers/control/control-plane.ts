@@ -29,6 +29,7 @@ import type { Manifest } from '../../protocol/manifest.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
 import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from '../common/async.js';
+import type { ControlMetrics, GymMetrics, TimedOperation } from '../common/metrics.js';
 import { ResumedIds } from './resumed-ids.js';
 import { RetireMarks } from './retire-marks.js';
 import { readRecords, startRecordsWrite, type RecordsWrite } from './storage/index.js';
@@ -42,6 +43,8 @@ export interface ControlPlaneOptions {
   /** Upper bound between readiness re-checks while prepare waits (§5.2: ≤ 1 s). */
   readinessPollMs?: number;
   log?: (msg: string, err?: unknown) => void;
+  /** The server's metrics: the plane records its operations there. */
+  metrics?: GymMetrics;
 }
 
 /** The one commit in progress or done for the active checkpoint ID. */
@@ -104,6 +107,9 @@ export class ControlPlane {
   private restoreTicket: symbol | undefined;
   private changeWaiters: Array<() => void> = [];
   private closed = false;
+  private readonly metrics: ControlMetrics | undefined;
+  /** When admission was closed (performance.now()), until it reopens. */
+  private closedAt: number | undefined;
 
   constructor(opts: ControlPlaneOptions) {
     this.instance = opts.instance;
@@ -114,6 +120,7 @@ export class ControlPlane {
     this.readinessPollMs = opts.readinessPollMs ?? 1_000;
     this.log = opts.log ?? (() => undefined);
     if (!(this.leaseGraceSeconds > 0)) throw new Error('lease_grace_seconds must be > 0');
+    this.metrics = opts.metrics?.control(this);
   }
 
   // --- data-plane helpers for the participant kind -------------------------------------
@@ -236,17 +243,22 @@ export class ControlPlane {
 
   // --- prepare (§5.2) -----------------------------------------------------------------------
 
-  async prepare(req: PrepareRequest): Promise<PrepareReply> {
+  prepare(req: PrepareRequest): Promise<PrepareReply> {
+    return this.timed('prepare', (working) => this.handlePrepare(req, working));
+  }
+
+  private async handlePrepare(req: PrepareRequest, working: () => void): Promise<PrepareReply> {
     const id = req.checkpoint_id;
     const started = await this.mutex.run(async () => {
       if (this.preparedReply?.id === id) return { replay: this.preparedReply.reply };
       this.admit(id, ['idle', 'preparing']);
+      working();
       if (this.phase === 'idle') {
         this.checkpointId = id;
         this.phase = 'preparing';
         this.extendLease(req.deadline_ts);
         try {
-          await this.hooks.closeAdmission();
+          await this.closeAdmission();
         } catch (err) {
           // Not fenced: the same ID may be retried.
           await this.safeOpenAdmission();
@@ -317,7 +329,11 @@ export class ControlPlane {
 
   // --- commit (§5.4) ------------------------------------------------------------------------
 
-  async commit(req: CommitRequest): Promise<CommitReply> {
+  commit(req: CommitRequest): Promise<CommitReply> {
+    return this.timed('commit', (working) => this.handleCommit(req, working));
+  }
+
+  private async handleCommit(req: CommitRequest, working: () => void): Promise<CommitReply> {
     const id = req.checkpoint_id;
     const scope = req.episode_ids;
     const key = scopeKey(scope);
@@ -329,10 +345,13 @@ export class ControlPlane {
         }
         if (existing.reply) return existing;
         if (existing.finalError) throw existing.finalError;
+        // A retry waits for the same export and write.
+        working();
         this.extendLease(req.deadline_ts);
         return existing;
       }
       this.admit(id, ['prepared']);
+      working();
       this.extendLease(req.deadline_ts);
       if (!this.hooks.ready(this.carried)) {
         // Latest: a regressed readiness ends this checkpoint for good.
@@ -426,13 +445,18 @@ export class ControlPlane {
       };
       state.reply = reply;
       this.phase = 'committed';
+      this.metrics?.recordsExported(exported.records.length);
       return reply;
     });
   }
 
   // --- restore (§5.5) -----------------------------------------------------------------------
 
-  async restore(req: RestoreRequest): Promise<RestoreReply> {
+  restore(req: RestoreRequest): Promise<RestoreReply> {
+    return this.timed('restore', (working) => this.handleRestore(req, working));
+  }
+
+  private async handleRestore(req: RestoreRequest, working: () => void): Promise<RestoreReply> {
     const id = req.checkpoint_id;
     const key = scopeKey(req.episode_ids);
     return this.mutex.run(async () => {
@@ -444,6 +468,7 @@ export class ControlPlane {
         return rec.reply;
       }
       this.admit(id, ['idle']);
+      working();
       // Latest: a harness of the crashed attempt that is still alive is refused everywhere,
       // even if this restore fails below.
       this.marks.markAll(req.episode_ids);
@@ -468,7 +493,7 @@ export class ControlPlane {
       this.restoreTicket = ticket;
       let install: Promise<CaptureKey[]>;
       try {
-        await this.hooks.closeAdmission();
+        await this.closeAdmission();
         install = this.hooks.install({ records, scope: req.episode_ids, manifest });
       } catch (err) {
         await this.safeOpenAdmission();
@@ -507,13 +532,18 @@ export class ControlPlane {
         restored: sortedKeys(restored),
       };
       this.restoreState = { id, dir: req.checkpoint_dir, scopeKey: key, reply };
+      this.metrics?.recordsRestored(records.length);
       return reply;
     });
   }
 
   // --- resume (§5.6) ------------------------------------------------------------------------
 
-  async resume(req: CheckpointRequest): Promise<ResumeReply> {
+  resume(req: CheckpointRequest): Promise<ResumeReply> {
+    return this.timed('resume', (working) => this.handleResume(req, working));
+  }
+
+  private async handleResume(req: CheckpointRequest, working: () => void): Promise<ResumeReply> {
     const id = req.checkpoint_id;
     return this.mutex.run(async () => {
       if (this.resumed.has(id)) return { phase: 'idle', idempotent: true };
@@ -522,11 +552,12 @@ export class ControlPlane {
         this.resumed.add(id);
         if (this.reopenPending) {
           this.reopenPending = false;
-          await this.hooks.openAdmission();
+          await this.openAdmission();
         }
         return { phase: 'idle', idempotent: true };
       }
       this.admit(id, ['preparing', 'prepared', 'committed', 'restored']);
+      working();
       await this.reopen(id, req.deadline_ts);
       return { phase: 'idle', idempotent: false };
     });
@@ -542,7 +573,7 @@ export class ControlPlane {
       state.exportAbort.abort(refuse('checkpoint_conflict', `checkpoint '${id}' was resumed`));
       if (state.cleanupTask) await boundByDeadline(state.cleanupTask, deadlineTs, 'cleanup of unscoped restored state');
     }
-    await this.hooks.openAdmission();
+    await this.openAdmission();
     this.resumed.add(id);
     this.toIdle();
   }
@@ -561,9 +592,37 @@ export class ControlPlane {
 
   private async safeOpenAdmission(): Promise<void> {
     try {
-      await this.hooks.openAdmission();
+      await this.openAdmission();
     } catch (err) {
       this.log('reopening admission failed', err);
+    }
+  }
+
+  // --- metrics --------------------------------------------------------------------------------
+
+  private async closeAdmission(): Promise<void> {
+    await this.hooks.closeAdmission();
+    this.closedAt ??= performance.now();
+  }
+
+  private async openAdmission(): Promise<void> {
+    await this.hooks.openAdmission();
+    if (this.closedAt !== undefined) this.metrics?.admissionReopened((performance.now() - this.closedAt) / 1000);
+    this.closedAt = undefined;
+  }
+
+  /** Times the whole call; observed only once it calls `working` (past replay and fencing). */
+  private async timed<T>(op: TimedOperation, call: (working: () => void) => Promise<T>): Promise<T> {
+    const metrics = this.metrics;
+    if (!metrics) return call(() => undefined);
+    const start = performance.now();
+    let worked = false;
+    try {
+      return await call(() => {
+        worked = true;
+      });
+    } finally {
+      if (worked) metrics.operation(op, (performance.now() - start) / 1000);
     }
   }
 
