@@ -33,6 +33,17 @@ export const ERRORS = {
   backend_unavailable: { status: 502, retryable: true },
   backend_timeout: { status: 504, retryable: true },
   backend_rejected: { status: 400, retryable: false },
+  // Data-plane refusals of single server kinds (participants.md §4.10 for the cohorts). A member of a
+  // superseded cohort that was already waiting is released with 503 instead (genrm-cohorts.ts).
+  invalid_cohort_coordinates: { status: 422, retryable: false },
+  cohort_superseded: { status: 409, retryable: false },
+  cohort_slot_conflict: { status: 409, retryable: false },
+  cohort_prompt_mismatch: { status: 409, retryable: false },
+  cohort_not_collected: { status: 503, retryable: true },
+  // The agent's model or tool peer failed (servers/agent/peers.ts); the inference server is closing.
+  model_error: { status: 502, retryable: true },
+  tool_error: { status: 502, retryable: true },
+  shutting_down: { status: 503, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>;
 
 export type ErrorCode = keyof typeof ERRORS;

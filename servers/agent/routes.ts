@@ -5,6 +5,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
 import { rolloutOf } from '../common/app.js';
+import { sendRefusal } from '../common/metrics.js';
 import { SESSION_COOKIE, parseCookieHeader, setCookieValue, signSession, verifySession } from '../common/session-cookie.js';
 import { handleActivation } from './activate.js';
 import { ACTIVATION_HEADER } from './activation-index.js';
@@ -59,7 +60,7 @@ export function registerAgentRoutes(app: FastifyInstance, core: AgentCore): void
       return out.response;
     } catch (err) {
       // A peer failed: retryable for the caller (HTTP ≥ 500), with a typed body.
-      if (err instanceof UpstreamError) return reply.code(502).send({ error: { code: err.code, detail: err.message } });
+      if (err instanceof UpstreamError) return sendRefusal(reply, refuse(err.code, err.message));
       throw err;
     }
   };

@@ -3,10 +3,10 @@
 // routing (control-plane.md §2.4) with the decoded episode kept on the request.
 import type { IncomingMessage } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
-import { isProtocolError } from '../../protocol/errors.js';
+import { isProtocolError, ProtocolError } from '../../protocol/errors.js';
 import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
 import { SERVER_KEEP_ALIVE_MS } from '../../protocol/keep-alive.js';
-import { serveMetrics } from './metrics.js';
+import { sendRefusal, serveMetrics } from './metrics.js';
 
 const ROLLOUT = Symbol('ngRollout');
 type WithRollout = IncomingMessage & { [ROLLOUT]?: RolloutPath };
@@ -37,16 +37,12 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
     },
   });
   app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));
-  const metrics = serveMetrics(app, { processMetrics: opts.processMetrics });
+  serveMetrics(app, { processMetrics: opts.processMetrics });
   app.setErrorHandler((err, req, reply) => {
-    if (isProtocolError(err)) {
-      metrics.refused(err.code);
-      return reply.code(err.status).send(err.toEnvelope());
-    }
+    if (isProtocolError(err)) return sendRefusal(reply, err);
     const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };
     if (e.statusCode && e.statusCode >= 400 && e.statusCode < 500) {
-      metrics.refused('invalid_request');
-      return reply.code(e.statusCode).send({ error: { code: 'invalid_request', detail: e.message ?? 'invalid request' } });
+      return sendRefusal(reply, new ProtocolError('invalid_request', e.message ?? 'invalid request', e.statusCode));
     }
     req.log.error({ err }, 'request failed');
     return reply.code(500).type('text/plain').send('Internal Server Error');

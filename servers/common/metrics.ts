@@ -2,10 +2,10 @@
 // outside the control routes' prefix, so without the control token. One registry per server
 // instance: tests run several servers in one process. Label values come from fixed sets only
 // (phases, operations, the codes of protocol/errors.ts): never episode, capture or checkpoint IDs.
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import { PHASES } from '../../protocol/control.js';
-import { ERROR_CODES, type ErrorCode } from '../../protocol/errors.js';
+import { ERROR_CODES, type ErrorCode, type ProtocolError } from '../../protocol/errors.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { ReadinessReport } from '../control/hooks.js';
 
@@ -161,4 +161,13 @@ export function serveMetrics(app: FastifyInstance, opts: { processMetrics?: bool
 /** The metrics of the app (or a plugin context of it) made by createGymApp; undefined for other apps. */
 export function metricsOf(app: FastifyInstance): GymMetrics | undefined {
   return app.hasDecorator(DECORATOR) ? app.getDecorator<GymMetrics>(DECORATOR) : undefined;
+}
+
+/**
+ * Sends a typed refusal and counts it: the one way a server answers with an error envelope (the
+ * error handlers use it too), so no refusal is missed and no response body is ever inspected.
+ */
+export function sendRefusal(reply: FastifyReply, err: ProtocolError): FastifyReply {
+  metricsOf(reply.server)?.refused(err.code);
+  return reply.code(err.status).send(err.toEnvelope());
 }

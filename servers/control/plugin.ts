@@ -6,7 +6,7 @@ import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest 
 import type { z } from 'zod';
 import { CONTROL_PREFIX, REQUEST_SCHEMAS } from '../../protocol/control.js';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
-import { metricsOf } from '../common/metrics.js';
+import { sendRefusal } from '../common/metrics.js';
 import type { ControlPlane } from './control-plane.js';
 
 export interface ControlPluginOptions {
@@ -63,12 +63,8 @@ export const controlPlugin: FastifyPluginAsync<ControlPluginOptions> = async (ap
     }
   });
 
-  const metrics = metricsOf(app);
   app.setErrorHandler((err: unknown, req: FastifyRequest, reply: FastifyReply) => {
-    if (isProtocolError(err)) {
-      metrics?.refused(err.code);
-      return reply.code(err.status).send(err.toEnvelope());
-    }
+    if (isProtocolError(err)) return sendRefusal(reply, err);
     if (err instanceof RequestValidationError) return reply.code(422).send({ detail: err.detail });
     const e = err as { statusCode?: number; code?: string; message?: string };
     if (e.statusCode && e.statusCode >= 400 && e.statusCode < 500) {

@@ -8,13 +8,11 @@
 // so a late duplicate is refused with `checkpoint_error` rather than run a second time. Tombstones
 // are dropped by `forget` and capped at `maxTombstones` (oldest first) for deployments without
 // checkpointing, where no `forget` ever comes.
+import type { ProtocolError } from '../../protocol/errors.js';
 import { parseCaptureKey, type CaptureKey } from '../../protocol/ids.js';
 
-/** What `/run` answers: an HTTP status and its JSON body. */
-export interface RunOutcome {
-  status: number;
-  body: unknown;
-}
+/** What `/run` answers: an HTTP status and its JSON body, or a typed refusal (sent as one, so counted). */
+export type RunOutcome = { status: number; body: unknown } | { refusal: ProtocolError };
 
 export interface FinishedRun {
   outcome: RunOutcome;

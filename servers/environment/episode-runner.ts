@@ -93,7 +93,7 @@ export class EpisodeRunner {
     } catch (err) {
       deadline.cancel();
       ended();
-      if (isProtocolError(err)) return { outcome: refusal(err), keep: false };
+      if (isProtocolError(err)) return { outcome: { refusal: err }, keep: false };
       throw err;
     }
 
@@ -137,7 +137,7 @@ export class EpisodeRunner {
       ended();
     }
 
-    if (refused) return { outcome: refusal(refused), keep: false };
+    if (refused) return { outcome: { refusal: refused }, keep: false };
     const body = result ? successReply(req, result) : failureReply(req, turn.evidence(failure!));
     const checked = RunReplySchema.safeParse(body);
     const outcome: RunOutcome = checked.success
@@ -162,8 +162,4 @@ function unhandled(err: unknown): RunFailure {
   const name = err instanceof Error ? err.name : 'Error';
   const msg = err instanceof Error ? err.message : String(err);
   return { failure_reason: `Unhandled environment server error: ${name}: ${msg}`.slice(0, FAILURE_REASON_MAX), terminal: true };
-}
-
-function refusal(err: ProtocolError): RunOutcome {
-  return { status: err.status, body: err.toEnvelope() };
 }

@@ -8,6 +8,7 @@ import { refuse } from '../../protocol/errors.js';
 import { RunRequestSchema } from '../../protocol/tasks.js';
 import { createGymApp } from '../common/app.js';
 import { callJson } from '../common/http-client.js';
+import { sendRefusal } from '../common/metrics.js';
 import { mountParticipant, peerUrl, type ServerContext, type ServerModule } from '../common/server-context.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import { AttemptReplies } from './attempt-replies.js';
@@ -89,6 +90,7 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
       throw refuse('invalid_request', `/run body invalid at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
     }
     const outcome = await runner.run(parsed.data);
+    if ('refusal' in outcome) return sendRefusal(reply, outcome.refusal);
     return reply.code(outcome.status).send(outcome.body);
   });
 

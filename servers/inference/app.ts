@@ -7,6 +7,7 @@ import type { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
 import { ChatCompletionRequestSchema } from '../../protocol/openai.js';
 import { createGymApp, rolloutOf } from '../common/app.js';
+import { sendRefusal } from '../common/metrics.js';
 import { GENERATION_CUT_PATH, GenerationCutInventorySchema } from '../model/cut-wire.js';
 import { bearerMatches } from '../control/plugin.js';
 import { CallLog } from './call-log.js';
@@ -237,7 +238,7 @@ async function streamReply(
 function endAbandoned(req: FastifyRequest, reply: FastifyReply, reason: unknown): FastifyReply {
   const res = reply.raw;
   if (reason === SHUTDOWN && !res.headersSent && !res.destroyed) {
-    return reply.code(503).send({ error: { code: 'shutting_down', detail: 'the inference server is closing' } });
+    return sendRefusal(reply, refuse('shutting_down', 'the inference server is closing'));
   }
   req.log.info('chat call abandoned');
   if (!reply.sent) reply.hijack();

@@ -13,6 +13,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
 import { rolloutOf } from '../common/app.js';
+import { sendRefusal } from '../common/metrics.js';
 import { backendBody, callBackend, mapBackendError, type Backend, type Upstream } from './backend.js';
 import type { AdmittedCall, GenerationCall, GenerationGate } from './gate.js';
 import { SseCollector, tokensOfCompletion } from './reply-tokens.js';
@@ -119,7 +120,7 @@ async function generate(req: FastifyRequest, reply: FastifyReply, route: string,
     if (!ok && opts.backend.api === 'openai') {
       const failure = mapBackendError(upstream.status, buf);
       req.log.warn({ status: upstream.status, code: failure.code }, 'the backend refused a generation call');
-      return reply.code(failure.status).send(failure.toEnvelope());
+      return sendRefusal(reply, failure);
     }
     applyHead(reply, upstream);
     return reply.send(buf);
@@ -176,7 +177,7 @@ function undelivered(req: FastifyRequest, reply: FastifyReply, err: unknown, gon
   const cause = err instanceof Undeliverable ? (err as Error & { cause?: unknown }).cause : err;
   const refusal = admitted.signal.aborted ? admitted.signal.reason : undefined;
   if (!gone.aborted && isProtocolError(refusal) && !reply.raw.headersSent) {
-    return reply.code(refusal.status).send(refusal.toEnvelope());
+    return sendRefusal(reply, refusal);
   }
   if (!gone.aborted) req.log.warn({ err: cause }, 'model reply withheld: no answer is sent');
   if (!reply.sent) reply.hijack();
@@ -230,7 +231,7 @@ function backendFailed(req: FastifyRequest, reply: FastifyReply, err: unknown, g
   const failure = isProtocolError(err) ? err : refuse('backend_unavailable', `${req.url}: ${(err as Error).message}`);
   if (failure.code === 'backend_unavailable' || failure.code === 'backend_timeout')
     req.log.warn({ code: failure.code, detail: failure.detail }, 'the backend did not answer');
-  return reply.code(failure.status).send(failure.toEnvelope());
+  return sendRefusal(reply, failure);
 }
 
 function isEventStream(headers: IncomingHttpHeaders): boolean {

@@ -2,6 +2,7 @@
 // until all N members of its group attempt arrived, then one judging publishes every reward at
 // once. Kept in memory only: the server is `stateless` + `replay`, so after a crash the cohort
 // re-forms from the replayed verifies.
+import type { ErrorCode } from '../../protocol/errors.js';
 import { cohortRewards, type Comparison } from './genrm-judge.js';
 
 export interface CohortMember {
@@ -17,7 +18,7 @@ export interface CohortMember {
 
 export type CohortOutcome =
   | { ok: true; reward: number; maskSample: boolean; failure?: { kind: string; reason: string } }
-  | { ok: false; status: number; code: string; detail: string };
+  | { ok: false; status: number; code: ErrorCode; detail: string };
 
 export interface CohortRegistryOptions {
   size: number;
@@ -29,7 +30,7 @@ export interface CohortRegistryOptions {
   score?: (texts: readonly string[], comparison: Comparison) => number[];
 }
 
-type Result = { ok: true; rewards: number[]; failure?: { kind: string; reason: string } } | { ok: false; status: number; code: string; detail: string };
+type Result = { ok: true; rewards: number[]; failure?: { kind: string; reason: string } } | { ok: false; status: number; code: ErrorCode; detail: string };
 
 interface Cohort {
   key: string;
@@ -44,7 +45,7 @@ interface Cohort {
   done: Promise<Result>;
 }
 
-const fail = (status: number, code: string, detail: string): CohortOutcome => ({ ok: false, status, code, detail });
+const fail = (status: number, code: ErrorCode, detail: string): CohortOutcome => ({ ok: false, status, code, detail });
 
 export class CohortRegistry {
   private readonly cohorts = new Map<string, Cohort>();

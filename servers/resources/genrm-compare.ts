@@ -8,6 +8,8 @@
 // the verify body's task fields (the environment merges task_data into the body; a nested
 // `task_data` is read too). Without a group ID the legacy `_ng_task_index` groups the rows.
 import { z } from 'zod';
+import { ProtocolError, refuse } from '../../protocol/errors.js';
+import { sendRefusal } from '../common/metrics.js';
 import type { ServerModule } from '../common/server-context.js';
 import { buildResourcesServer, checkpointOptionFields, seedReply, taskField } from './base.js';
 import { CohortRegistry, type CohortMember } from './genrm-cohorts.js';
@@ -67,9 +69,9 @@ const genrmCompare: ServerModule<GenrmCompareOptions> = {
         app.post('/verify', async (req, reply) => {
           const body = (req.body ?? {}) as Record<string, unknown>;
           const coords = cohortCoordinates(body);
-          if (!coords.ok) return reply.code(422).send({ error: { code: 'invalid_cohort_coordinates', detail: coords.detail } });
+          if (!coords.ok) return sendRefusal(reply, refuse('invalid_cohort_coordinates', coords.detail));
           const outcome = await registry.submit({ ...coords.member, text: answerText(body.response) });
-          if (!outcome.ok) return reply.code(outcome.status).send({ error: { code: outcome.code, detail: outcome.detail } });
+          if (!outcome.ok) return sendRefusal(reply, new ProtocolError(outcome.code, outcome.detail, outcome.status));
           return {
             ...body,
             reward: outcome.reward,

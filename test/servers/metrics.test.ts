@@ -11,6 +11,7 @@ import { httpJson } from '../helpers/http.js';
 import { family, histogram, labelValues, type Scrape, scrape, value } from '../helpers/prometheus.js';
 import { tempDir } from '../helpers/temp-dir.js';
 import { waitFor } from '../helpers/wait.js';
+import { chat, closeFixtures, startModel, weatherStart } from './model-fixtures.js';
 import { AUTH, closeAll, type FakeServer, runBody, startEnvironment, startFakeAgent, startFakeResources, TOKEN } from './environment-fakes.js';
 
 const apps: FastifyInstance[] = [];
@@ -26,6 +27,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   agent.releaseAll();
+  await closeFixtures();
   await http.close();
   await closeAll(apps);
 });
@@ -156,6 +158,37 @@ describe('/metrics', () => {
       }
       for (const secret of [TOKEN, ROLLOUT, 'ck-1', 'rs-1']) expect(s.text).not.toContain(secret);
     }
+  });
+
+  it('counts the refusals route handlers send themselves: an environment /run and a model proxy call', async () => {
+    const { url } = await listening();
+
+    // admission_closed: a new episode while a checkpoint holds admission.
+    expect((await control(url, 'prepare', { checkpoint_id: 'ck-run', deadline_ts: soon() })).body.phase).toBe('prepared');
+    const closed = await httpJson(http, 'POST', `${url}/run`, runBody('metrics-late'));
+    expect([closed.status, closed.body.error?.code]).toEqual([409, 'admission_closed']);
+    await control(url, 'resume', { checkpoint_id: 'ck-run', deadline_ts: soon() });
+
+    // stale_attempt: the reply of a running attempt that a retire stopped.
+    agent.hold('activation');
+    const running = httpJson(http, 'POST', `${url}/run`, runBody('metrics-retired'));
+    await waitFor(() => agent.count('activation', 'metrics-retired') === 1);
+    await control(url, 'retire', { checkpoint_id: 'retire', deadline_ts: soon(), episode_ids: [{ rollout_id: 'metrics-retired', attempt: 0 }] });
+    const stale = await running;
+    agent.release('activation');
+    expect([stale.status, stale.body.error?.code]).toEqual([409, 'stale_attempt']);
+
+    const env = await metrics(url);
+    expect(value(env, 'gym_refusals_total', 'counter', { code: 'admission_closed' })).toBe(1);
+    expect(value(env, 'gym_refusals_total', 'counter', { code: 'stale_attempt' })).toBe(1);
+
+    // backend_unavailable: sent by the model proxy itself when its backend does not answer.
+    const model = await startModel({ url: 'http://127.0.0.1:9' });
+    const failed = await chat(model, 'metrics-model-a0', weatherStart());
+    expect([failed.status, failed.body.error?.code]).toEqual([502, 'backend_unavailable']);
+    const m = await metrics(model.url);
+    expect(value(m, 'gym_refusals_total', 'counter', { code: 'backend_unavailable' })).toBe(1);
+    expect(family(m, 'gym_refusals_total', 'counter').samples.reduce((n, x) => n + x.value, 0)).toBe(1);
   });
 
   it('a server without a control plane serves its refusals only, from a registry of its own', async () => {
