@@ -8,7 +8,7 @@ import { FAILURE_TYPES } from '../protocol/controller.js';
 /** Structured log sink (message, fields). */
 export type ActivityLog = (message: string, fields: Record<string, unknown>) => void;
 
-/** Heartbeat period while an activity waits on I/O: cancellation reaches an activity only through heartbeats. */
+/** Shortest heartbeat period while an activity waits on I/O: cancellation reaches an activity only through heartbeats. */
 export const HEARTBEAT_INTERVAL_MS = 5_000;
 
 /** The current activity context, or undefined outside one (plain unit tests). */
@@ -35,11 +35,7 @@ export function logger(log: ActivityLog | undefined): ActivityLog {
  * If the activity was cancelled, whatever `fn` threw is replaced by the cancellation itself, so
  * the worker reports the activity as cancelled rather than failed.
  */
-export async function heartbeating<T>(
-  details: unknown,
-  fn: (signal: AbortSignal | undefined) => Promise<T>,
-  intervalMs: number = HEARTBEAT_INTERVAL_MS,
-): Promise<T> {
+export async function heartbeating<T>(details: unknown, fn: (signal: AbortSignal | undefined) => Promise<T>, intervalMs?: number): Promise<T> {
   const ctx = activityContext();
   if (!ctx) return fn(undefined);
   // A local activity cannot heartbeat (its workflow task's timeout watches the worker instead);
@@ -49,12 +45,22 @@ export async function heartbeating<T>(
   // rest, so beating at the start cost a server write per call that finishes within seconds (every
   // control call, every short rollout) and pushed the next beat, the one that can carry a
   // cancellation, out to the throttle interval.
-  const timer = setInterval(() => ctx.heartbeat(details), intervalMs);
+  const timer = setInterval(() => ctx.heartbeat(details), intervalMs ?? beatEvery(ctx.info.heartbeatTimeoutMs));
   try {
     return await runCancellable(ctx, fn);
   } finally {
     clearInterval(timer);
   }
+}
+
+/**
+ * The SDK sends at most one heartbeat per 0.8 × the heartbeat timeout, so a beat every quarter of
+ * the timeout keeps each window covered; beating more often only costs the main thread (thousands
+ * of parked `/run`s, each with a long timeout, all beat on it).
+ */
+export function beatEvery(heartbeatTimeoutMs: number | undefined): number {
+  if (!heartbeatTimeoutMs) return HEARTBEAT_INTERVAL_MS;
+  return Math.min(Math.max(HEARTBEAT_INTERVAL_MS, heartbeatTimeoutMs / 4), heartbeatTimeoutMs / 2);
 }
 
 async function runCancellable<T>(ctx: Context, fn: (signal: AbortSignal | undefined) => Promise<T>): Promise<T> {

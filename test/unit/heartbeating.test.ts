@@ -1,6 +1,6 @@
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { describe, expect, it } from 'vitest';
-import { heartbeating } from '../../activities/activity-context.js';
+import { beatEvery, HEARTBEAT_INTERVAL_MS, heartbeating } from '../../activities/activity-context.js';
 import { sleep } from '../helpers/wait.js';
 
 describe('heartbeating', () => {
@@ -51,5 +51,14 @@ describe('heartbeating', () => {
     );
     setTimeout(() => env.cancel('CANCELLED'), 20);
     await expect(run).rejects.toMatchObject({ name: 'CancelledFailure' });
+  });
+
+  it('beats every quarter of a long heartbeat timeout, never less often than every half of a short one', () => {
+    expect(beatEvery(undefined)).toBe(HEARTBEAT_INTERVAL_MS);
+    expect(beatEvery(120_000)).toBe(30_000);
+    expect(beatEvery(15_000)).toBe(HEARTBEAT_INTERVAL_MS);
+    expect(beatEvery(4_000)).toBe(2_000);
+    // Within the SDK's throttle window (0.8 × the timeout) for every timeout.
+    for (const t of [1_000, 6_000, 20_000, 600_000]) expect(beatEvery(t)).toBeLessThan(0.8 * t);
   });
 });
