@@ -3,14 +3,14 @@
 //  - the rollout task queue: only the long `/run` activity, sized for thousands of concurrent rollouts,
 //    so coordination calls never queue behind rollouts.
 //   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run]
-//                 [--connect-timeout-s N]
+//                 [--connect-timeout-s N]   (--help: WORKER_CLI)
 // The Gym control token comes from GYM_CONTROL_TOKEN. A Temporal server that cannot be reached at
 // start (not up yet, restarting) is retried with backoff, each try logged; by default for ever.
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { parseArgs } from 'node:util';
 import { setTimeout as delay } from 'node:timers/promises';
 import { NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
+import { defineCommand, parseCommandLine } from './scripts/cli.mjs';
 
 export interface ControllerWorkerOptions {
   address: string;
@@ -128,16 +128,36 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   };
 }
 
+const WORKER_CLI = defineCommand({
+  name: 'worker',
+  invocation: 'npm run worker',
+  usage: ['npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--connect-timeout-s N]'],
+  summary:
+    "The controller's Temporal workers in one process: every workflow and the coordination, snapshot and dataset activities on the control task queue; " +
+    "only the rollouts' long /run activity on the rollout task queue. A Temporal server that cannot be reached is retried with backoff, each try logged.",
+  flags: {
+    address: { type: 'string', value: 'HOST:PORT', help: 'the Temporal frontend (default: $TEMPORAL_ADDRESS, else 127.0.0.1:7233)' },
+    namespace: { type: 'string', value: 'NS', help: 'the Temporal namespace (default: default)' },
+    'task-queue': { type: 'string', value: 'Q', help: "the control task queue, a run config's run.task_queue (default: rollout-control)" },
+    'rollout-task-queue': { type: 'string', value: 'Q', help: "the rollout task queue, a run config's run.rollout_task_queue (default: rollout-run)" },
+    'connect-timeout-s': { type: 'string', value: 'N', help: 'give up after N seconds without a Temporal server (default: retry for ever)' },
+  },
+  env: [
+    { name: 'GYM_CONTROL_TOKEN', help: "required: the Gym deployment's checkpoint control token" },
+    { name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' },
+  ],
+  notes: ['SIGINT or SIGTERM shuts the workers down gracefully.'],
+});
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    options: {
-      address: { type: 'string', default: process.env.TEMPORAL_ADDRESS ?? '127.0.0.1:7233' },
-      namespace: { type: 'string', default: 'default' },
-      'task-queue': { type: 'string', default: 'rollout-control' },
-      'rollout-task-queue': { type: 'string', default: 'rollout-run' },
-      'connect-timeout-s': { type: 'string' },
-    },
-  });
+  const { values: given } = parseCommandLine(WORKER_CLI, process.argv.slice(2));
+  const values = {
+    address: given.address ?? process.env.TEMPORAL_ADDRESS ?? '127.0.0.1:7233',
+    namespace: given.namespace ?? 'default',
+    'task-queue': given['task-queue'] ?? 'rollout-control',
+    'rollout-task-queue': given['rollout-task-queue'] ?? 'rollout-run',
+    'connect-timeout-s': given['connect-timeout-s'],
+  };
   const connectTimeoutS = values['connect-timeout-s'] === undefined ? undefined : Number(values['connect-timeout-s']);
   if (connectTimeoutS !== undefined && !(connectTimeoutS > 0)) {
     console.error('worker: --connect-timeout-s must be a positive number of seconds');

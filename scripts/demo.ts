@@ -1,5 +1,5 @@
-// `npm run demo [-- --keep]`: the whole system on this machine. A Temporal dev server (persisted
-// under .data/demo/, Web UI), the Gym deployment of examples/gym.yaml (tiny-policy backend, policy
+// `npm run demo [-- --keep]` (`--help`: DEMO_CLI): the whole system on this machine. A Temporal
+// dev server (persisted under .data/demo/, Web UI), the Gym deployment of examples/gym.yaml (tiny-policy backend, policy
 // model, agent, resources, environments), the controller's worker, and a training run over three
 // environments with periodic and trainer-boundary checkpoints. Mid-run every Gym process is
 // SIGKILLed and fresh ones started; later the worker is SIGKILLed and restarted. The run recovers
@@ -13,13 +13,33 @@ import { RunConfigSchema } from '../protocol/run-config.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { spawnGroup, waitForLine, type GroupProcess } from '../servers/launcher/process-group.js';
 import { checkpointNow, runStatus, type RunStatus } from '../workflows/messages.js';
+import { defineCommand, parseCommandLine } from './cli.mjs';
 import { startRun } from './run.js';
 import { projectRoot } from './temporal-paths.mjs';
 import { freePort, isPortFree, startDevServer } from './temporal-dev.mjs';
 
+const DEMO_CLI = defineCommand({
+  name: 'demo',
+  invocation: 'npm run demo',
+  usage: ['npm run demo [-- --keep]'],
+  summary:
+    'The whole system on this machine (1–3 minutes): a Temporal dev server (persisted under .data/demo/, Web UI), the Gym deployment of examples/gym.yaml, ' +
+    "the controller's worker and a 10-step training run. Mid-run every Gym process is SIGKILLed and fresh ones started, later the worker; " +
+    'the run recovers and finishes. The summary is printed and written to .data/demo/summary.json.',
+  flags: {
+    keep: { type: 'boolean', help: 'leave the dev server running afterwards to browse its Web UI (http://127.0.0.1:8233); the next demo reuses it' },
+  },
+  env: [
+    { name: 'GYM_CONTROL_TOKEN', help: 'the Gym control token shared by the servers and the worker (default: a random one)' },
+    { name: 'GYM_SESSION_SECRET', help: 'passed to the Gym servers (see npm run gym -- --help)' },
+    { name: 'NG_RECORDS_DEFER_MIN_BYTES', help: 'passed to the Gym servers (see npm run gym -- --help)' },
+  ],
+  notes: ['The dev server takes ports 7233 and 8233 when they are free, else free ones. Exit status: 0 the run finished without duplicates; 1 otherwise.'],
+});
+
 const demoDir = join(projectRoot, '.data', 'demo');
 const keptFile = join(demoDir, 'server.json');
-const keep = process.argv.includes('--keep');
+const keep = parseCommandLine(DEMO_CLI, process.argv.slice(2)).values.keep ?? false;
 const token = process.env.GYM_CONTROL_TOKEN ?? randomBytes(16).toString('hex');
 const say = (msg: string): void => console.log(`[demo] ${msg}`);
 

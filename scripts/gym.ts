@@ -1,12 +1,5 @@
-// `npm run gym -- <command>`: runs a Gym deployment as detached process groups.
-//   up <config.yaml> --dir <run dir>   validate, pick ports, start everything, wait for /healthz
-//   down <run dir>                     SIGTERM every server, SIGKILL stragglers
-//   kill <run dir> [--all] [--server NAME]...   SIGKILL every Gym server (a crash); --all also the
-//                                               inference backend; --server only the named ones
-//   restart <run dir> [--server NAME]...        fresh Gym servers on the same ports (inference only if
-//                                               it is down); --server only the named ones
-//   status <run dir>                   alive / healthy per server
-import { parseArgs } from 'node:util';
+// `npm run gym -- <verb>`: runs a Gym deployment as detached process groups (up, down, kill,
+// restart, status); `--help` lists the verbs, options and environment (GYM_CLI).
 import { ConfigError } from '../servers/common/config-error.js';
 import {
   downDeployment,
@@ -17,14 +10,52 @@ import {
   upDeployment,
   type RunningDeployment,
 } from '../servers/launcher/launcher.js';
+import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
 
-const USAGE = `usage: npm run gym -- up <config.yaml> --dir <run dir>
-       npm run gym -- down <run dir>
-       npm run gym -- kill <run dir> [--all] [--server NAME]...
-       npm run gym -- restart <run dir> [--server NAME]...
-       npm run gym -- status <run dir>`;
-
-class UsageError extends Error {}
+const GYM_CLI = defineCommand({
+  name: 'gym',
+  invocation: 'npm run gym',
+  usage: [
+    'npm run gym -- up <config.yaml> --dir <run dir>',
+    'npm run gym -- down <run dir>',
+    'npm run gym -- kill <run dir> [--all] [--server NAME]...',
+    'npm run gym -- restart <run dir> [--server NAME]...',
+    'npm run gym -- status <run dir>',
+  ],
+  summary:
+    'Runs a Gym deployment (a YAML file of servers, docs/gym-servers.md, e.g. examples/gym.yaml) as detached process groups that outlive this command; ' +
+    'the run directory keeps endpoints.json, state.json and logs/.',
+  verbs: [
+    { name: 'up', args: '<config.yaml>', help: 'validate the deployment, pick ports, start every server and wait for /healthz (needs --dir)' },
+    { name: 'down', args: '<run dir>', help: 'SIGTERM every server, SIGKILL stragglers' },
+    { name: 'kill', args: '<run dir>', help: 'SIGKILL every Gym server (a crash); the inference backend survives unless --all; --server only the named ones' },
+    {
+      name: 'restart',
+      args: '<run dir>',
+      help: 'fresh Gym servers on the same ports (the inference backend only if it is down); --server only the named ones',
+    },
+    { name: 'status', args: '<run dir>', help: 'alive / healthy per server' },
+  ],
+  flags: {
+    dir: { type: 'string', value: 'DIR', help: 'up: the run directory to create' },
+    all: { type: 'boolean', help: 'kill: the inference backend too' },
+    server: { type: 'string', value: 'NAME', multiple: true, help: 'kill, restart: only this server (repeat for more)' },
+  },
+  env: [
+    {
+      name: 'GYM_CONTROL_TOKEN',
+      help: 'up, restart: the checkpoint control token, when the config sets no checkpoint.control_auth_token (required with checkpoint.enabled); passed to every server',
+    },
+    { name: 'GYM_SESSION_SECRET', help: 'signs session cookies when the config sets no session_secret (else a dev default)' },
+    { name: 'LOG_LEVEL', help: "the servers' log level (default: info)" },
+    {
+      name: 'NG_RECORDS_DEFER_MIN_BYTES',
+      help: 'resources servers: checkpoint records files from this size on are parsed off the main thread (default: 16 MiB)',
+    },
+    { name: '<options.api_key_env>', help: "a model server's backend API key, in the variable its options.api_key_env names (e.g. LLAMA_API_KEY)" },
+  ],
+  notes: ['Every server gets this environment. Exit status: 0 done; 1 a launch failed; 2 a usage or deployment config error.'],
+});
 
 function table(rows: string[][]): string {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
@@ -45,54 +76,30 @@ function printServers(d: RunningDeployment): void {
 }
 
 async function main(argv: string[]): Promise<number> {
-  let parsed;
-  try {
-    parsed = parseArgs({
-      args: argv,
-      allowPositionals: true,
-      options: {
-        dir: { type: 'string' },
-        all: { type: 'boolean', default: false },
-        server: { type: 'string', multiple: true },
-        help: { type: 'boolean', short: 'h' },
-      },
-    });
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
-  const { values, positionals } = parsed;
-  const [command, arg] = positionals;
-  if (values.help || !command) {
-    console.log(USAGE);
-    return values.help ? 0 : 2;
-  }
+  const { values, verb: command, args } = parseCommandLine(GYM_CLI, argv);
+  const arg = args[0]!;
   const progress = (line: string): void => console.error(`gym: ${line}`);
-  const need = (what: string): string => {
-    if (!arg || positionals.length > 2) throw new UsageError(`${command} needs exactly one argument: ${what}`);
-    return arg;
-  };
   switch (command) {
     case 'up': {
-      const config = need('<config.yaml>');
-      if (!values.dir) throw new UsageError('up needs --dir <run dir>');
-      printServers(await upDeployment({ config, runDir: values.dir, log: progress }));
+      if (!values.dir) exitWithUsageError(GYM_CLI, 'up needs --dir <run dir>');
+      printServers(await upDeployment({ config: arg, runDir: values.dir, log: progress }));
       return 0;
     }
     case 'down':
-      await downDeployment(need('<run dir>'));
+      await downDeployment(arg);
       console.log('stopped');
       return 0;
     case 'kill': {
-      if (values.all && values.server) throw new UsageError('kill takes --all or --server, not both');
-      const killed = await killDeployment(need('<run dir>'), { includeInference: values.all, ...(values.server ? { servers: values.server } : {}) });
+      if (values.all && values.server) exitWithUsageError(GYM_CLI, 'kill takes --all or --server, not both');
+      const killed = await killDeployment(arg, { includeInference: values.all ?? false, ...(values.server ? { servers: values.server } : {}) });
       console.log(killed.length ? `SIGKILLed ${killed.join(', ')}` : 'nothing was running');
       return 0;
     }
     case 'restart':
-      printServers(await restartDeployment(need('<run dir>'), { log: progress, ...(values.server ? { servers: values.server } : {}) }));
+      printServers(await restartDeployment(arg, { log: progress, ...(values.server ? { servers: values.server } : {}) }));
       return 0;
     case 'status': {
-      const rows = (await statusDeployment(need('<run dir>'))).map((s) => [
+      const rows = (await statusDeployment(arg)).map((s) => [
         s.name,
         s.kind,
         s.url,
@@ -104,17 +111,16 @@ async function main(argv: string[]): Promise<number> {
       return 0;
     }
     default:
-      throw new UsageError(`unknown command '${command}'`);
+      return 2; // parseCommandLine accepts only the verbs above
   }
 }
 
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err: unknown) => {
-    if (err instanceof UsageError) console.error(`${err.message}\n${USAGE}`);
-    else if (err instanceof ConfigError) console.error(`config error: ${err.message}`);
+    if (err instanceof ConfigError) console.error(`config error: ${err.message}`);
     else if (err instanceof LaunchError) console.error(`gym: ${err.message}`);
     else console.error(`gym: ${err instanceof Error ? err.message : String(err)}`);
-    process.exit(err instanceof UsageError || err instanceof ConfigError ? 2 : 1);
+    process.exit(err instanceof ConfigError ? 2 : 1);
   },
 );

@@ -1,19 +1,66 @@
-// The client script of the controller:
-//   npm run run -- start <config.yaml>      start a training run (workflow ID = run.name)
-//   npm run run -- status <run>             the run's status (a query)
-//   npm run run -- checkpoint-now <run>     take a checkpoint now (an update; prints its outcome)
-//   npm run run -- stop <run>               stop dispatching, finish what is in flight
-//   npm run run -- wait <run>               wait for the run's result
-// Temporal address from --address or TEMPORAL_ADDRESS (default 127.0.0.1:7233).
+// The client script of the controller: `npm run run -- <verb> <arg>` (start, status,
+// checkpoint-now, stop, wait); `--help` lists the verbs, options and environment (RUN_CLI).
 import { readFileSync } from 'node:fs';
+import { connect as tcpConnect } from 'node:net';
 import { pathToFileURL } from 'node:url';
-import { parseArgs } from 'node:util';
-import { Client, Connection } from '@temporalio/client';
+import {
+  ActivityFailure,
+  ApplicationFailure,
+  CancelledFailure,
+  ChildWorkflowFailure,
+  Client,
+  Connection,
+  NamespaceNotFoundError,
+  ServiceError,
+  TerminatedFailure,
+  TimeoutFailure,
+  WorkflowExecutionAlreadyStartedError,
+  WorkflowFailedError,
+  WorkflowNotFoundError,
+  WorkflowUpdateRPCTimeoutOrCancelledError,
+  WorkflowUpdateStage,
+  type WorkflowExecutionDescription,
+  type WorkflowHandle,
+} from '@temporalio/client';
 import { parse as parseYaml } from 'yaml';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
 import { ConfigError, parseConfig } from '../servers/common/config-error.js';
-import { checkpointNow, runStatus, stopRun } from '../workflows/messages.js';
+import { checkpointNow, runStatus, stopRun, type RunStatus } from '../workflows/messages.js';
+import { MAX_KEPT_OUTCOMES } from '../workflows/run/state.js';
 import { trainingRun } from '../workflows/trainingRun.js';
+import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
+
+export const DEFAULT_ADDRESS = '127.0.0.1:7233';
+
+export const RUN_CLI = defineCommand({
+  name: 'run',
+  invocation: 'npm run run',
+  usage: ['npm run run -- <verb> <arg> [--address HOST:PORT] [--namespace NS] [--connect-timeout-s N]'],
+  summary: 'The controller client: starts a training run on Temporal and steers it. The worker (`npm run worker`) must be running for a run to make progress.',
+  verbs: [
+    { name: 'start', args: '<config.yaml>', help: 'start a training run from a run config (examples/run.yaml); its workflow ID is run.name' },
+    { name: 'status', args: '<run>', help: "print the running run's status (the `status` query) as JSON" },
+    { name: 'checkpoint-now', args: '<run>', help: 'take a checkpoint now and print its outcome as JSON (the `checkpointNow` update)' },
+    { name: 'stop', args: '<run>', help: 'ask the run to stop: no new rollouts; it finishes those in flight, then ends' },
+    {
+      name: 'wait',
+      args: '<run>',
+      help:
+        'wait for the run to end and print its summary as JSON; on a terminal, a progress line (step, mean reward of the last step, rollouts in flight, checkpoints) meanwhile. ' +
+        'A run that failed prints its failure and every cause (type and message), one line each',
+    },
+  ],
+  flags: {
+    address: { type: 'string', value: 'HOST:PORT', help: `the Temporal frontend (default: $TEMPORAL_ADDRESS, else ${DEFAULT_ADDRESS})` },
+    namespace: { type: 'string', value: 'NS', help: 'the Temporal namespace (default: default)' },
+    'connect-timeout-s': { type: 'string', value: 'N', help: 'give up reaching the Temporal server after N seconds (default: 2)' },
+  },
+  env: [{ name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' }],
+  notes: [
+    'status, checkpoint-now and stop need a running run; on a finished or unknown one they say so and exit 1, as status and checkpoint-now do when no worker takes the query or update within 10 s.',
+    'Exit status: 0 done; 1 the verb failed (Temporal unreachable, no such run, run already finished, the run failed); 2 a usage or run config error.',
+  ],
+});
 
 export function loadRunConfig(file: string): RunConfig {
   let raw: unknown;
@@ -38,55 +85,252 @@ export async function startRun(client: Client, config: RunConfig) {
   });
 }
 
-async function main(): Promise<void> {
-  const { values, positionals } = parseArgs({
-    allowPositionals: true,
-    options: { address: { type: 'string', default: process.env.TEMPORAL_ADDRESS ?? '127.0.0.1:7233' }, namespace: { type: 'string', default: 'default' } },
-  });
-  const [command, arg] = positionals;
-  if (!command || !arg) {
-    console.error('usage: run.ts start <config.yaml> | status <run> | checkpoint-now <run> | stop <run> | wait <run>');
-    process.exit(2);
+/** A failure explained in sentences for the user: printed as is, exit 1. */
+export class CliFailure extends Error {}
+
+const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, ' ').trim();
+
+/** One line for one failure of a chain: its kind, what Temporal knows of it, its message. */
+function failureLine(err: unknown): string {
+  if (err instanceof ApplicationFailure) {
+    return `ApplicationFailure [${err.type ?? 'untyped'}]${err.nonRetryable ? ' (non-retryable)' : ''}: ${oneLine(err.message)}`;
   }
-  const connection = await Connection.connect({ address: values.address! });
-  const client = new Client({ connection, namespace: values.namespace });
+  if (err instanceof ActivityFailure) return `ActivityFailure (activity ${err.activityType}, ${err.retryState}): ${oneLine(err.message)}`;
+  if (err instanceof ChildWorkflowFailure) {
+    return `ChildWorkflowFailure (${err.workflowType} ${err.execution.workflowId}, ${err.retryState}): ${oneLine(err.message)}`;
+  }
+  if (err instanceof TimeoutFailure) return `TimeoutFailure (${err.timeoutType}): ${oneLine(err.message)}`;
+  if (err instanceof Error) return `${err.name}: ${oneLine(err.message)}`;
+  return oneLine(String(err));
+}
+
+/** The failure and each of its causes, outermost first, one line each, no stacks. */
+export function failureLines(err: unknown): string[] {
+  const lines: string[] = [];
+  const seen = new Set<unknown>();
+  for (let e: unknown = err; e !== undefined && e !== null && !seen.has(e) && lines.length < 20; e = (e as { cause?: unknown }).cause) {
+    seen.add(e);
+    lines.push(`${lines.length ? 'caused by ' : ''}${failureLine(e)}`);
+  }
+  return lines;
+}
+
+/** What `wait` prints for a run that did not complete: a headline, then the cause chain. */
+export function runFailureText(run: string, err: WorkflowFailedError): string {
+  const how =
+    err.cause instanceof TerminatedFailure
+      ? 'was terminated'
+      : err.cause instanceof CancelledFailure
+        ? 'was cancelled'
+        : err.cause instanceof TimeoutFailure
+          ? 'timed out'
+          : 'failed';
+  return [`run ${run} ${how}:`, ...failureLines(err).map((l) => `  ${l}`)].join('\n');
+}
+
+/** The progress line of `wait`: step, mean reward of the last step, rollouts in flight, checkpoints. */
+export function progressLine(s: RunStatus): string {
+  const reward = s.rewardPerStep.length ? s.rewardPerStep[s.rewardPerStep.length - 1]!.toFixed(3) : '—';
+  const completed = s.checkpoints.filter((c) => c.outcome === 'completed').length;
+  const failed = s.checkpoints.filter((c) => c.outcome === 'failed').length;
+  // The run keeps its last MAX_KEPT_OUTCOMES outcomes: past that the counts are of those.
+  const kept = s.checkpoints.length >= MAX_KEPT_OUTCOMES ? ` of the last ${MAX_KEPT_OUTCOMES}` : '';
+  return (
+    `step ${s.steps}  mean reward ${reward}  in flight ${s.inFlight}  ` + `checkpoints ${completed}${failed ? ` (+${failed} failed)` : ''}${kept}  [${s.phase}]`
+  );
+}
+
+/** Redraws one status line on stderr (a terminal) every 1.5 s until stopped. */
+function showProgress(connection: Connection, handle: WorkflowHandle, run: string): { stop(): void } {
+  const out = process.stderr;
+  let stopped = false;
+  let last: RunStatus | undefined;
+  let problem: string | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  const draw = (): void => {
+    if (stopped) return;
+    const text = `${last ? progressLine(last) : `waiting for run ${run}`}${problem ? `  (no status: ${problem})` : ''}`;
+    // A wrapped line cannot be redrawn with \r: cut it to the terminal's width.
+    out.write(`\r\x1b[2K${text.slice(0, Math.max(20, (out.columns || 80) - 1))}`);
+  };
+  const poll = async (): Promise<void> => {
+    try {
+      // A query waits for a worker: without one it would hang, and the line would never say so.
+      last = await connection.withDeadline(Date.now() + 5_000, () => handle.query(runStatus));
+      problem = undefined;
+    } catch (err) {
+      problem = oneLine(err instanceof Error ? err.message : String(err)).slice(0, 80);
+    }
+    draw();
+    if (!stopped) timer = setTimeout(() => void poll(), 1_500);
+  };
+  draw();
+  void poll();
+  return {
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+      out.write('\r\x1b[2K');
+    },
+  };
+}
+
+interface Target {
+  address: string;
+  /** Where the address came from, for messages. */
+  source: string;
+}
+
+/** Why nothing answers at host:port, from a plain TCP connection; undefined if it connects (or the address is not host:port). */
+function tcpProblem(address: string, timeoutMs: number): Promise<string | undefined> {
+  const m = /^\[([^\]]+)\]:(\d+)$/.exec(address) ?? /^([^:/]+):(\d+)$/.exec(address);
+  if (!m) return Promise.resolve(undefined);
+  return new Promise((resolve) => {
+    const socket = tcpConnect({ host: m[1]!, port: Number(m[2]) });
+    const done = (why: string | undefined): void => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve(why);
+    };
+    const timer = setTimeout(() => done(`no answer within ${timeoutMs / 1000} s`), timeoutMs);
+    socket.once('connect', () => done(undefined));
+    socket.once('error', (err: NodeJS.ErrnoException) => {
+      const code = err.code ?? (err as { errors?: NodeJS.ErrnoException[] }).errors?.[0]?.code;
+      if (code === 'ECONNREFUSED') done('connection refused');
+      else if (code === 'ENOTFOUND' || code === 'EAI_AGAIN') done(`cannot resolve host ${m[1]}`);
+      else if (code === 'EHOSTUNREACH' || code === 'ENETUNREACH') done('host unreachable');
+      else done(oneLine(err.message));
+    });
+  });
+}
+
+/** Connects within timeoutMs, or fails naming the address, where it came from, and why. */
+async function connectTo(target: Target, timeoutMs: number): Promise<Connection> {
+  // Alongside the connection, not after it: gRPC only says that the deadline passed.
+  const problem = tcpProblem(target.address, timeoutMs);
   try {
-    switch (command) {
+    return await Connection.connect({ address: target.address, connectTimeout: timeoutMs });
+  } catch (err) {
+    const why = (await problem) ?? `it accepts connections but gave no Temporal answer within ${timeoutMs / 1000} s (${oneLine((err as Error).message)})`;
+    throw new CliFailure(`cannot reach the Temporal server at ${target.address} (${target.source}): ${why}`);
+  }
+}
+
+async function describeRun(client: Client, run: string) {
+  try {
+    return await client.workflow.getHandle(run).describe();
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) throw new CliFailure(`no run named ${run} (namespace ${client.options.namespace})`);
+    throw err;
+  }
+}
+
+/** For verbs that act on a running run: a clear sentence for an unknown or finished one. */
+async function requireRunning(client: Client, run: string): Promise<WorkflowExecutionDescription> {
+  const d = await describeRun(client, run);
+  if (d.status.name !== 'RUNNING') throw new CliFailure(`run ${run} has already finished (${d.status.name})`);
+  return d;
+}
+
+/** How long a query or an update may wait for a worker to take it. */
+const WORKER_WAIT_MS = 10_000;
+
+/**
+ * Runs a verb on a running run (given its task queue); a run that ended meanwhile is explained,
+ * not an SDK message, and so is a query or update no worker took in time (none polls its queue).
+ */
+async function onRunningRun<T>(client: Client, run: string, fn: (taskQueue: string) => Promise<T>): Promise<T> {
+  const { taskQueue } = await requireRunning(client, run);
+  try {
+    return await client.connection.withDeadline(Date.now() + WORKER_WAIT_MS, () => fn(taskQueue));
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) await requireRunning(client, run);
+    const deadline = err instanceof ServiceError && (err.cause as { code?: number } | undefined)?.code === 4; // gRPC DEADLINE_EXCEEDED
+    if (deadline || err instanceof WorkflowUpdateRPCTimeoutOrCancelledError) {
+      throw new CliFailure(
+        `run ${run} is running, but no worker answered within ${WORKER_WAIT_MS / 1000} s: is a worker (npm run worker) polling its task queue ${taskQueue}?`,
+      );
+    }
+    throw err;
+  }
+}
+
+async function waitForRun(client: Client, connection: Connection, run: string): Promise<void> {
+  const d = await describeRun(client, run);
+  const handle = client.workflow.getHandle(run);
+  const progress = process.stderr.isTTY && d.status.name === 'RUNNING' ? showProgress(connection, handle, run) : undefined;
+  let summary: unknown;
+  try {
+    summary = await handle.result();
+  } catch (err) {
+    if (err instanceof WorkflowFailedError) throw new CliFailure(runFailureText(run, err));
+    throw err;
+  } finally {
+    progress?.stop();
+  }
+  console.log(JSON.stringify(summary, null, 2));
+}
+
+async function main(argv: string[]): Promise<void> {
+  const { values, verb, args } = parseCommandLine(RUN_CLI, argv);
+  const arg = args[0]!;
+  const timeoutS = values['connect-timeout-s'] === undefined ? 2 : Number(values['connect-timeout-s']);
+  if (!(timeoutS > 0)) exitWithUsageError(RUN_CLI, '--connect-timeout-s must be a positive number of seconds');
+  const target: Target = values.address
+    ? { address: values.address, source: '--address' }
+    : process.env.TEMPORAL_ADDRESS
+      ? { address: process.env.TEMPORAL_ADDRESS, source: 'TEMPORAL_ADDRESS' }
+      : { address: DEFAULT_ADDRESS, source: 'the default; set --address or TEMPORAL_ADDRESS' };
+  const namespace = values.namespace ?? 'default';
+  // A bad config fails before any connection is tried.
+  const config = verb === 'start' ? loadRunConfig(arg) : undefined;
+  const connection = await connectTo(target, timeoutS * 1000);
+  const client = new Client({ connection, namespace });
+  try {
+    switch (verb) {
       case 'start': {
-        const config = loadRunConfig(arg);
-        const handle = await startRun(client, config);
+        const handle = await startRun(client, config!).catch((err: unknown) => {
+          if (err instanceof WorkflowExecutionAlreadyStartedError) throw new CliFailure(`a run named ${config!.run.name} is already running`);
+          throw err;
+        });
         console.log(`started run ${handle.workflowId} (run id ${handle.firstExecutionRunId})`);
         break;
       }
       case 'status':
-        console.log(JSON.stringify(await client.workflow.getHandle(arg).query(runStatus), null, 2));
+        console.log(JSON.stringify(await onRunningRun(client, arg, () => client.workflow.getHandle(arg).query(runStatus)), null, 2));
         break;
-      case 'checkpoint-now':
-        console.log(JSON.stringify(await client.workflow.getHandle(arg).executeUpdate(checkpointNow), null, 2));
+      case 'checkpoint-now': {
+        // Only its acceptance is bounded: the checkpoint itself may take minutes.
+        const update = await onRunningRun(client, arg, () =>
+          client.workflow.getHandle(arg).startUpdate(checkpointNow, { waitForStage: WorkflowUpdateStage.ACCEPTED }),
+        );
+        console.log(JSON.stringify(await update.result(), null, 2));
         break;
+      }
       case 'stop':
-        await client.workflow.getHandle(arg).signal(stopRun);
+        await onRunningRun(client, arg, () => client.workflow.getHandle(arg).signal(stopRun));
         console.log(`asked run ${arg} to stop`);
         break;
       case 'wait':
-        console.log(JSON.stringify(await client.workflow.getHandle(arg).result(), null, 2));
+        await waitForRun(client, connection, arg);
         break;
-      default:
-        console.error(`unknown command '${command}'`);
-        process.exit(2);
     }
+  } catch (err) {
+    if (err instanceof NamespaceNotFoundError) throw new CliFailure(`no namespace ${namespace} on the Temporal server at ${target.address} (${target.source})`);
+    throw err;
   } finally {
     await connection.close();
   }
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  main().catch((err: unknown) => {
+  main(process.argv.slice(2)).catch((err: unknown) => {
     if (err instanceof ConfigError) {
-      console.error(`config error: ${err.message}`);
+      console.error(`run: config error: ${err.message}`);
       process.exit(2);
     }
-    console.error(err instanceof Error ? err.message : err);
+    if (err instanceof CliFailure) console.error(`run: ${err.message}`);
+    else console.error(`run: ${failureLines(err).join('\n  ')}`);
     process.exit(1);
   });
 }

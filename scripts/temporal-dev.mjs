@@ -2,7 +2,7 @@
 // Our own launcher for `temporal server start-dev`: the SDK's launcher gives a cold server only
 // 5 s to answer and cannot persist to a file we choose, tune SQLite or keep the server running.
 // Importable (startDevServer, freePort) and runnable: `node scripts/temporal-dev.mjs [--port N]
-// [--ui-port N] [--db FILE | --in-memory] [--headless] [--namespace NS] [--log-level L]`.
+// [--ui-port N] [--db FILE | --in-memory] [--headless] [--namespace NS] [--log-level L]` (DEV_CLI).
 import { spawn } from 'node:child_process';
 import { closeSync, fstatSync, mkdirSync, openSync, readFileSync } from 'node:fs';
 import { connect as tcpConnect, createServer } from 'node:net';
@@ -11,6 +11,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
 import { Connection } from '@temporalio/client';
+import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
 import { projectRoot, readTemporalPaths } from './temporal-paths.mjs';
 
 export const DEFAULT_SEARCH_ATTRIBUTES = Object.freeze({
@@ -311,24 +312,49 @@ async function startDevServerOnce(options) {
   }
 }
 
+const DEV_CLI = defineCommand({
+  name: 'temporal-dev',
+  invocation: 'npm run temporal-dev',
+  usage: ['npm run temporal-dev -- [--port N] [--ui-port N] [--db FILE | --in-memory] [--headless] [--namespace NS] [--log-level LEVEL]'],
+  summary:
+    'Runs a Temporal dev server (`temporal server start-dev`) in the foreground until Ctrl-C, with polling rates raised for one history shard ' +
+    '(docs/performance.md), the search attributes the controller uses, and SQLite tuned. Listens on 127.0.0.1 only.',
+  flags: {
+    port: { type: 'string', value: 'N', help: 'the gRPC port (default: 7233)' },
+    'ui-port': { type: 'string', value: 'N', help: 'the Web UI port (default: 8233)' },
+    db: { type: 'string', value: 'FILE', help: 'the SQLite database, relative to the project root (default: .data/temporal.sqlite)' },
+    'in-memory': { type: 'boolean', help: 'no database file: everything is lost when the server stops' },
+    headless: { type: 'boolean', help: 'no Web UI' },
+    namespace: { type: 'string', value: 'NS', help: 'a namespace to create besides default, and wait for' },
+    'log-level': { type: 'string', value: 'LEVEL', help: "the server's log level: debug, info, warn, error or never (default: warn)" },
+  },
+  env: [],
+  noEnv:
+    'None read by this script. The temporal CLI it starts is the one scripts/bootstrap.mjs resolved (.tools/temporal.json), run with this environment plus TEMPORAL_VERSION_CHECK_DISABLED=1.',
+});
+
 function parseCliArgs(argv) {
-  const opts = { output: 'inherit' };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const next = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${a} needs a value`);
-      return v;
-    };
-    if (a === '--port') opts.port = Number(next());
-    else if (a === '--ui-port') opts.uiPort = Number(next());
-    else if (a === '--db') opts.dbFile = next();
-    else if (a === '--in-memory') opts.dbFile = null;
-    else if (a === '--headless') opts.headless = true;
-    else if (a === '--namespace') opts.namespace = next();
-    else if (a === '--log-level') opts.logLevel = next();
-    else throw new Error(`unknown option ${a}`);
+  const { values } = parseCommandLine(DEV_CLI, argv);
+  const port = (flag) => {
+    const v = values[flag];
+    if (v === undefined) return undefined;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < 1 || n > 65535) exitWithUsageError(DEV_CLI, `--${flag} must be a port number (1-65535), got '${v}'`);
+    return n;
+  };
+  const levels = ['debug', 'info', 'warn', 'error', 'never'];
+  if (values['log-level'] !== undefined && !levels.includes(values['log-level'])) {
+    exitWithUsageError(DEV_CLI, `--log-level must be one of ${levels.join(', ')}, got '${values['log-level']}'`);
   }
+  if (values.db !== undefined && values['in-memory']) exitWithUsageError(DEV_CLI, 'give --db or --in-memory, not both');
+  const opts = { output: 'inherit' };
+  if (values.port !== undefined) opts.port = port('port');
+  if (values['ui-port'] !== undefined) opts.uiPort = port('ui-port');
+  if (values.db !== undefined) opts.dbFile = values.db;
+  if (values['in-memory']) opts.dbFile = null;
+  if (values.headless) opts.headless = true;
+  if (values.namespace !== undefined) opts.namespace = values.namespace;
+  if (values['log-level'] !== undefined) opts.logLevel = values['log-level'];
   return opts;
 }
 
