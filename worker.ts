@@ -22,6 +22,11 @@ export interface ControllerWorkerOptions {
   workflowBundle?: WorkflowBundleWithSourceMap;
   attemptBundle?: WorkflowBundleWithSourceMap;
   maxConcurrentRollouts?: number;
+  /**
+   * Threads running the control task queue's workflows (default 2): a checkpoint asks every
+   * rollout shard for its part at once, and one thread answers them one after another.
+   */
+  controlWorkflowThreads?: number;
   /** Give up connecting after this long (default: retry for ever). */
   connectTimeoutMs?: number;
   /** Where each failed connection try is reported (default: console.error). */
@@ -94,6 +99,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
       maxConcurrentActivityTaskExecutions: 200,
       maxConcurrentWorkflowTaskExecutions: 64,
       maxCachedWorkflows: 4_000,
+      workflowThreadPoolSize: opts.controlWorkflowThreads ?? 2,
     }),
     await Worker.create({
       connection,

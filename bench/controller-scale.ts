@@ -2,7 +2,7 @@
 // (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
-//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor]
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, and the
 // busiest workflow against Temporal's default limits.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -80,6 +80,17 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
         e.activityTaskScheduledEventAttributes?.activityType?.name ??
         '';
       console.log(`  run ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${name}`);
+    }
+    // One shard's side: its workflow tasks and local activities while it answers the attempt.
+    const shardEvents = await client.workflow
+      .getHandle(shardWorkflowId(runWorkflowId, 0))
+      .fetchHistory()
+      .then((h) => h.events ?? [])
+      .catch(() => []);
+    for (const e of shardEvents) {
+      const t = eventMs(e.eventTime);
+      if (t < first - 100 || t > last + 100) continue;
+      console.log(`  shard0 ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${e.workflowExecutionSignaledEventAttributes?.signalName ?? ''}`);
     }
   }
   const wft = workflowTaskTimes(events);
@@ -213,6 +224,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     taskQueue: 'scale',
     rolloutTaskQueue: 'scale-run',
     maxConcurrentRollouts: rollouts + 100,
+    ...(controlThreads ? { controlWorkflowThreads: controlThreads } : {}),
   });
   const running = workers.run();
   const t0 = Date.now();
@@ -303,8 +315,11 @@ const { values } = parseArgs({
     checkpoints: { type: 'string', default: '1' },
     // For profiling the controller alone: the figures' floor columns are then NaN.
     'no-floor': { type: 'boolean', default: false },
+    // The control worker's workflow threads (worker.ts default when not given).
+    'control-threads': { type: 'string' },
   },
 });
+const controlThreads = values['control-threads'] === undefined ? undefined : Number(values['control-threads']);
 const checkpoints = Number(values.checkpoints);
 if (!Number.isInteger(checkpoints) || checkpoints < 1) throw new Error(`--checkpoints must be a positive integer, got ${values.checkpoints}`);
 const rows: Row[] = [];
