@@ -3,14 +3,17 @@
 //  - the rollout task queue: only the long `/run` activity, sized for thousands of concurrent rollouts,
 //    so coordination calls never queue behind rollouts.
 //   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run]
-//                 [--connect-timeout-s N]   (--help: WORKER_CLI)
+//                 [--connect-timeout-s N] [--metrics-address IP:PORT] [--log-format json|text]   (--help: WORKER_CLI)
 // The Gym control token comes from GYM_CONTROL_TOKEN. A Temporal server that cannot be reached at
 // start (not up yet, restarting) is retried with backoff, each try logged; by default for ever.
+// Metrics and logs: worker-telemetry.ts.
+import { isIP } from 'node:net';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
-import { NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import { type Logger, NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
-import { defineCommand, parseCommandLine } from './scripts/cli.mjs';
+import { defineCommand, exitWithUsageError, parseCommandLine } from './scripts/cli.mjs';
+import { JsonLogger, installWorkerRuntime, type LogFormat, type WorkerLines, workerLines } from './worker-telemetry.js';
 
 export interface ControllerWorkerOptions {
   address: string;
@@ -29,8 +32,12 @@ export interface ControllerWorkerOptions {
   controlWorkflowThreads?: number;
   /** Give up connecting after this long (default: retry for ever). */
   connectTimeoutMs?: number;
-  /** Where each failed connection try is reported (default: console.error). */
+  /** Where each failed connection try is reported (default: console.error, or a JSON line with `logFormat: 'json'`). */
   log?: (line: string) => void;
+  /** Serve the SDK's and the controller's metrics for Prometheus on `IP:PORT` (`/metrics`). */
+  metricsAddress?: string;
+  /** `json`: the SDK's and the worker's logs as JSON lines on stderr; default `text` (the SDK's own). */
+  logFormat?: LogFormat;
 }
 
 export interface ControllerWorkers {
@@ -40,15 +47,16 @@ export interface ControllerWorkers {
 
 export const WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/index.ts', import.meta.url));
 
-export async function bundleWorkflows(): Promise<WorkflowBundleWithSourceMap> {
-  return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: undefined });
+/** `logger`: where the bundler's lines go (default: the SDK's plain lines). */
+export async function bundleWorkflows(logger?: Logger): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger });
 }
 
 export const ATTEMPT_WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/attempt-index.ts', import.meta.url));
 
 /** The rollout worker's bundle: the rollout attempt alone (workflows/attempt-index.ts). */
-export async function bundleAttemptWorkflows(): Promise<WorkflowBundleWithSourceMap> {
-  return bundleWorkflowCode({ workflowsPath: ATTEMPT_WORKFLOWS_PATH, logger: undefined });
+export async function bundleAttemptWorkflows(logger?: Logger): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: ATTEMPT_WORKFLOWS_PATH, logger });
 }
 
 /** Waits before connection try `n` (from 0): 0.5 s doubling to 10 s. */
@@ -65,7 +73,8 @@ async function connectWorkers(
   opts: ControllerWorkerOptions,
   create: (connection: NativeConnection) => Promise<Worker[]>,
 ): Promise<{ connection: NativeConnection; workers: Worker[] }> {
-  const log = opts.log ?? ((line: string) => console.error(line));
+  const lines = workerLines(opts.logFormat ?? 'text');
+  const log = opts.log ?? ((line: string) => lines.warn(line));
   const giveUpAt = opts.connectTimeoutMs === undefined ? Infinity : Date.now() + opts.connectTimeoutMs;
   for (let n = 0; ; n++) {
     let connection: NativeConnection | undefined;
@@ -85,10 +94,16 @@ async function connectWorkers(
 }
 
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
+  // Before the first connection: the SDK's Runtime is created once per process.
+  installWorkerRuntime({ metricsAddress: opts.metricsAddress, logFormat: opts.logFormat });
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
   const activities = createActivities({ controlToken: opts.controlToken, pools });
-  const [workflowBundle, attemptBundle] = await Promise.all([opts.workflowBundle ?? bundleWorkflows(), opts.attemptBundle ?? bundleAttemptWorkflows()]);
+  const bundleLog = opts.logFormat === 'json' ? new JsonLogger() : undefined;
+  const [workflowBundle, attemptBundle] = await Promise.all([
+    opts.workflowBundle ?? bundleWorkflows(bundleLog),
+    opts.attemptBundle ?? bundleAttemptWorkflows(bundleLog),
+  ]);
   const { connection, workers } = await connectWorkers(opts, async (connection) => [
     await Worker.create({
       connection,
@@ -137,7 +152,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
 const WORKER_CLI = defineCommand({
   name: 'worker',
   invocation: 'npm run worker',
-  usage: ['npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--connect-timeout-s N]'],
+  usage: [
+    'npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--connect-timeout-s N]',
+    '                  [--metrics-address IP:PORT] [--log-format json|text]',
+  ],
   summary:
     "The controller's Temporal workers in one process: every workflow and the coordination, snapshot and dataset activities on the control task queue; " +
     "only the rollouts' long /run activity on the rollout task queue. A Temporal server that cannot be reached is retried with backoff, each try logged.",
@@ -147,13 +165,28 @@ const WORKER_CLI = defineCommand({
     'task-queue': { type: 'string', value: 'Q', help: "the control task queue, a run config's run.task_queue (default: rollout-control)" },
     'rollout-task-queue': { type: 'string', value: 'Q', help: "the rollout task queue, a run config's run.rollout_task_queue (default: rollout-run)" },
     'connect-timeout-s': { type: 'string', value: 'N', help: 'give up after N seconds without a Temporal server (default: retry for ever)' },
+    'metrics-address': {
+      type: 'string',
+      value: 'IP:PORT',
+      help: "serve Prometheus metrics on http://IP:PORT/metrics: the SDK's (temporal_*) and the controller's (controller_*) (default: $WORKER_METRICS_ADDRESS, else none)",
+    },
+    'log-format': {
+      type: 'string',
+      value: 'json|text',
+      help: "json: every log line a JSON object on stderr (pino's level, time, msg); text: the SDK's plain lines (default: $WORKER_LOG_FORMAT, else json)",
+    },
   },
   env: [
     { name: 'GYM_CONTROL_TOKEN', help: "required: the Gym deployment's checkpoint control token" },
     { name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' },
+    { name: 'WORKER_METRICS_ADDRESS', help: 'the metrics address, when --metrics-address is not given' },
+    { name: 'WORKER_LOG_FORMAT', help: 'json or text, when --log-format is not given' },
   ],
   notes: ['SIGINT or SIGTERM shuts the workers down gracefully.'],
 });
+
+/** The worker's own lines as JSON, once main() has chosen that format (before, and for text: plain). */
+let jsonLines: WorkerLines | undefined;
 
 async function main(): Promise<void> {
   const { values: given } = parseCommandLine(WORKER_CLI, process.argv.slice(2));
@@ -163,7 +196,18 @@ async function main(): Promise<void> {
     'task-queue': given['task-queue'] ?? 'rollout-control',
     'rollout-task-queue': given['rollout-task-queue'] ?? 'rollout-run',
     'connect-timeout-s': given['connect-timeout-s'],
+    // An empty variable counts as unset.
+    'metrics-address': given['metrics-address'] ?? (process.env.WORKER_METRICS_ADDRESS || undefined),
+    'log-format': given['log-format'] ?? (process.env.WORKER_LOG_FORMAT || 'json'),
   };
+  const logFormat = values['log-format'];
+  if (logFormat !== 'json' && logFormat !== 'text') exitWithUsageError(WORKER_CLI, `--log-format must be json or text, not '${logFormat}'`);
+  const metricsAddress = values['metrics-address'];
+  if (metricsAddress !== undefined && !isSocketAddress(metricsAddress)) {
+    exitWithUsageError(WORKER_CLI, `--metrics-address must be an IP address and a port (e.g. 127.0.0.1:9464 or [::]:9464), not '${metricsAddress}'`);
+  }
+  const lines = workerLines(logFormat);
+  if (logFormat === 'json') jsonLines = lines;
   const connectTimeoutS = values['connect-timeout-s'] === undefined ? undefined : Number(values['connect-timeout-s']);
   if (connectTimeoutS !== undefined && !(connectTimeoutS > 0)) {
     console.error('worker: --connect-timeout-s must be a positive number of seconds');
@@ -181,15 +225,28 @@ async function main(): Promise<void> {
     rolloutTaskQueue: values['rollout-task-queue'],
     controlToken,
     ...(connectTimeoutS !== undefined ? { connectTimeoutMs: connectTimeoutS * 1000 } : {}),
+    ...(metricsAddress !== undefined ? { metricsAddress } : {}),
+    logFormat,
   });
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void workers.shutdown());
-  console.log(`worker: polling ${values['task-queue']} and ${values['rollout-task-queue']} on ${values.address}`);
+  lines.info(`worker: polling ${values['task-queue']} and ${values['rollout-task-queue']} on ${values.address}`, {
+    ...(metricsAddress !== undefined ? { metricsAddress } : {}),
+  });
   await workers.run();
+}
+
+/** `IP:PORT` (IPv6 in brackets), as the SDK's metrics exporter binds it: no host names. */
+function isSocketAddress(address: string): boolean {
+  const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d{1,5})$/.exec(address);
+  if (!m) return false;
+  const port = Number(m[3]);
+  return port >= 0 && port <= 65_535 && (m[1] !== undefined ? isIP(m[1]) === 6 : isIP(m[2]!) === 4);
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   main().catch((err: unknown) => {
-    console.error(err);
+    if (jsonLines) jsonLines.error(err instanceof Error ? err.message : String(err), { err });
+    else console.error(err);
     process.exit(1);
   });
 }

@@ -36,7 +36,7 @@ function startWorkerProcess(taskQueue: string, address = server.address): GroupP
     env: { ...process.env, GYM_CONTROL_TOKEN: TOKEN },
     cwd: ROOT,
     onLine: (line) => {
-      if (process.env.E2E_VERBOSE || /\bERROR\b|Unhandled|Error:/.test(line)) console.log(`[worker ${taskQueue}] ${line.slice(0, 400)}`);
+      if (process.env.E2E_VERBOSE || /\bERROR\b|"level":50|Unhandled|Error:/.test(line)) console.log(`[worker ${taskQueue}] ${line.slice(0, 400)}`);
     },
   });
   workers.push(proc);

@@ -40,9 +40,9 @@ const COMMANDS: Command[] = [
     name: 'worker',
     script: 'worker.ts',
     verbs: [],
-    flags: ['--address', '--namespace', '--task-queue', '--rollout-task-queue', '--connect-timeout-s'],
-    env: ['GYM_CONTROL_TOKEN', 'TEMPORAL_ADDRESS'],
-    sources: ['worker.ts'],
+    flags: ['--address', '--namespace', '--task-queue', '--rollout-task-queue', '--connect-timeout-s', '--metrics-address', '--log-format'],
+    env: ['GYM_CONTROL_TOKEN', 'TEMPORAL_ADDRESS', 'WORKER_METRICS_ADDRESS', 'WORKER_LOG_FORMAT'],
+    sources: ['worker.ts', 'worker-telemetry.ts'],
   },
   { name: 'demo', script: 'scripts/demo.ts', verbs: [], flags: ['--keep'], env: ['GYM_CONTROL_TOKEN'], sources: ['scripts/demo.ts'] },
   {

@@ -7,6 +7,7 @@ import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/contro
 import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
 import { unreachableServers } from '../failures.js';
 import { HOLDERS, releasedHolds } from '../messages.js';
+import { checkpointRecorded } from '../metrics.js';
 import type { RunContext } from './context.js';
 import { ensureShards, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
@@ -94,6 +95,7 @@ export async function record(ctx: RunContext, full: CheckpointOutcome): Promise<
   if (scope) o.scopeCount = scope.length;
   if (restarts) o.restartCount = restarts.length;
   st.checkpoints = [...st.checkpoints, o].slice(-MAX_KEPT_OUTCOMES);
+  checkpointRecorded(o);
   // Failures of a Gym that is up count towards "Gym does not recover"; an attempt that only found
   // Gym down or restarted does not: the recovery it leads to waits for Gym (bounded) and decides.
   if (o.outcome !== 'failed') st.consecutiveFailures = 0;

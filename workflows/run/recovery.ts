@@ -8,6 +8,7 @@ import { ApplicationFailure, isCancellation, log, setCurrentDetails, sleep, uuid
 import { recoveryDir, type GymTopology } from '../../protocol/controller.js';
 import { describeFailure } from '../failures.js';
 import type { ShardAnswer } from '../messages.js';
+import { recoveryRecorded } from '../metrics.js';
 import { allShards } from '../shard-asker.js';
 import { record, retryPending } from './checkpoints.js';
 import type { RunContext } from './context.js';
@@ -68,6 +69,7 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     rec.continued = settled.reduce((n, a) => n + (a.continued ?? 0), 0);
     rec.restarted = settled.reduce((n, a) => n + (a.restarted ?? 0), 0);
     rec.continuedSample = settled.flatMap((a) => a.continuedKeys ?? []);
+    recoveryRecorded(cold, restoreFailed ? 'restore_failed' : rec.restoreId ? 'restored' : 'nothing_to_restore', rec.continued, rec.restarted);
     await ctx.storage.removeControllerDir({ dir });
     log.info('recovered from a Gym crash', { continued: rec.continued, restarted: rec.restarted });
   } finally {

@@ -8,6 +8,7 @@ import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
 import { gymBusy } from '../messages.js';
+import { rolloutsDispatched } from '../metrics.js';
 import { rolloutAttempt, rolloutWorkflowId, type RolloutAttemptInput } from '../rolloutAttempt.js';
 import type { ShardContext } from './context.js';
 import { admissionOpen } from './state.js';
@@ -70,6 +71,7 @@ export async function dispatch(ctx: ShardContext): Promise<void> {
     );
   }
   await Promise.all(starts);
+  rolloutsDispatched(todo.length);
 }
 
 /** Forgets the rollouts finished for good in Gym, in batches (`force`: whatever is queued). */

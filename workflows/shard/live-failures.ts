@@ -8,6 +8,7 @@
 import { isCancellation, log } from '@temporalio/workflow';
 import type { GymTopology } from '../../protocol/controller.js';
 import { describeFailure } from '../failures.js';
+import { countingRollouts } from '../metrics.js';
 import type { ShardContext } from './context.js';
 import { settleFailures } from './reports.js';
 
@@ -38,8 +39,8 @@ export async function settleLiveFailures(ctx: ShardContext): Promise<void> {
       failures: st.unconfirmedFailures.length,
       servers: crashed,
     });
-  const { toStop, gaveUp } = settleFailures(st, ctx.input.maxAttemptsPerSibling, crashed.length > 0);
+  const { toStop, gaveUp } = countingRollouts(st, () => settleFailures(st, ctx.input.maxAttemptsPerSibling, crashed.length > 0));
   ctx.toStop.push(...toStop);
-  for (const g of gaveUp) log.warn('sibling gave up', g);
+  for (const g of gaveUp) log.warn('sibling gave up', { capture_key: g.key, reason: g.reason });
   ctx.wake();
 }

@@ -3,14 +3,15 @@
 import { getExternalWorkflowHandle, log } from '@temporalio/workflow';
 import * as D from '../deadlines.js';
 import { deadlineExpired, stopAttempt } from '../messages.js';
+import { countingRollouts } from '../metrics.js';
 import type { ShardContext } from './context.js';
 import { applyReports } from './reports.js';
 
 /** Applies the reports received so far; the attempts it abandons are stopped by stopAbandoned(). */
 export function takeReports(ctx: ShardContext): void {
-  const { toStop, gaveUp } = applyReports(ctx.st, ctx.input.maxAttemptsPerSibling);
+  const { toStop, gaveUp } = countingRollouts(ctx.st, () => applyReports(ctx.st, ctx.input.maxAttemptsPerSibling));
   ctx.toStop.push(...toStop);
-  for (const g of gaveUp) log.warn('sibling gave up', g);
+  for (const g of gaveUp) log.warn('sibling gave up', { capture_key: g.key, reason: g.reason });
 }
 
 /** Tells the attempts whose cohort started over without them to stop. */

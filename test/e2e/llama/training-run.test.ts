@@ -50,7 +50,7 @@ beforeAll(async () => {
     env: { ...process.env, GYM_CONTROL_TOKEN: TOKEN },
     cwd: ROOT,
     onLine: (line) => {
-      if (process.env.E2E_VERBOSE || /\bERROR\b|Unhandled|Error:/.test(line)) console.log(`[worker] ${line.slice(0, 400)}`);
+      if (process.env.E2E_VERBOSE || /\bERROR\b|"level":50|Unhandled|Error:/.test(line)) console.log(`[worker] ${line.slice(0, 400)}`);
     },
   });
   await waitForLine(worker, /worker: polling/, 60_000);
