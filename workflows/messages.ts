@@ -77,7 +77,8 @@ export type ShardRequestBody =
   /** Gym did not commit these of the shard's candidates: wait briefly for their reports, then cut again. */
   | { kind: 'recut'; tmpDir: string; unsettled: CaptureKey[]; waitMs: number }
   /** Answer once no attempt of the shard is in flight (a recovery lets them report first). */
-  | { kind: 'drain' }
+  /** Answered once nothing is in flight; with `forget`, once the finished rollouts are forgotten in Gym too (the run's end). */
+  | { kind: 'drain'; forget?: boolean }
   /** Plan the shard's part of a restore from the last snapshot (or from `cold` start) into `dir`. */
   | { kind: 'planRestore'; snapshotDir: string | null; dir: string }
   /** Settle the shard's siblings after a restore (`dir` holds what it installed) and retire dead attempts. */

@@ -21,7 +21,7 @@ import { coldStart, setupLevels } from './run/cold-start.js';
 import { RunContext } from './run/context.js';
 import { dispatch } from './run/dispatch.js';
 import { recoverGym } from './run/recovery.js';
-import { closeShards, syncHolds } from './run/shards.js';
+import { closeShards, forgetInShards, syncHolds } from './run/shards.js';
 import { applyShardReports, initialState, summaryOf, totalInFlight, type RunSummary, type TrainingRunInput } from './run/state.js';
 import { trainReadyGroups } from './run/training.js';
 
@@ -106,6 +106,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       if (!ctx.changed) await condition(() => ctx.changed || ctx.fatal !== undefined);
     }
 
+    await forgetInShards(ctx);
     await closeShards(ctx);
     await condition(allHandlersFinished);
     await ctx.retention;

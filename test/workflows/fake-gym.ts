@@ -45,6 +45,8 @@ export interface FakeGymScript {
   finishedBeforeCommit?: number;
   /** The ledger cut waits this long before it writes (like the real one, it refuses a discarded directory). */
   ledgerCutDelayMs?: number;
+  /** Forget answers after this long (what it forgot is counted only then). */
+  forgetDelayMs?: number;
   /** `/run` never heartbeats: a cancellation cannot reach it (only a retire ends it). */
   silentRuns?: boolean;
   reward?: (key: string) => number;
@@ -313,6 +315,7 @@ export class FakeGym {
         return { restoreId: input.restoreId, restored: {}, restoredCounts: {}, scopeCount: episodes.length, seconds: 0.01 };
       },
       gymForget: async (input) => {
+        if (this.script.forgetDelayMs) await new Promise((r) => setTimeout(r, this.script.forgetDelayMs));
         this.calls.push(`forget:${input.rolloutIds.length}`);
         if (this.down) throw unreachable('forget');
         return { forgotten: {}, seconds: 0 };

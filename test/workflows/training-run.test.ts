@@ -202,10 +202,13 @@ describe('checkpoint attempts in a training run', () => {
       // What the run keeps counts the keys instead of listing them.
       expect(s.checkpoints.at(-1)).toMatchObject({ checkpointId: id, scopeCount: 2, restartCount: 0 });
       expect(s.checkpoints.at(-1)).not.toHaveProperty('scope');
+      gym.script.forgetDelayMs = 300;
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
       expect(gym.runKeys()).toHaveLength(4);
       expectRunsOnce(gym);
+      // Every finished rollout was forgotten in Gym before the run returned: no retire marks left behind.
+      expect(gym.calls.filter((c) => c.startsWith('forget:')).reduce((n, c) => n + Number(c.slice('forget:'.length)), 0)).toBe(4);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['completed/completed']);
       expect(gym.metrics[0]).not.toHaveProperty('scope');
       await recordHistories(env, 'clean-attempt', [

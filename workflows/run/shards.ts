@@ -1,7 +1,7 @@
 // The run's rollout shards (workflows/rolloutShard.ts): how many, starting them, assigning them
 // prompt groups, telling them the holds, closing them at the run's end.
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
-import { CancellationScope, ParentClosePolicy, getExternalWorkflowHandle, isCancellation, startChild } from '@temporalio/workflow';
+import { CancellationScope, ParentClosePolicy, getExternalWorkflowHandle, isCancellation, log, startChild } from '@temporalio/workflow';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { HOLDERS, assignGroups, closeShard, setHolds, type AssignGroups, type Holds } from '../messages.js';
 import { rolloutShard } from '../rolloutShard.js';
@@ -126,6 +126,22 @@ export async function syncHolds(ctx: RunContext): Promise<void> {
   if (st.shards === 0) return;
   const holds = st.holds;
   await Promise.all(allShards(st.shards).map((k) => toShard(ctx, k, (id) => getExternalWorkflowHandle(id).signal(setHolds, holds))));
+}
+
+/**
+ * At the run's normal end: every shard waits out its attempts and forgets its finished rollouts
+ * in Gym before the run returns, so a finished run leaves no retire marks behind. A shard that
+ * cannot (Gym gone) is logged, not fatal: the run's work is done.
+ */
+export async function forgetInShards(ctx: RunContext): Promise<void> {
+  const { st, cfg } = ctx;
+  if (st.shards === 0) return;
+  const answers = await ctx.shardsAsk.ask(
+    allShards(st.shards),
+    () => ({ kind: 'drain', forget: true }),
+    cfg.rollout_checkpointing.gym.prepare_timeout_s * 1000,
+  );
+  for (const a of answers) if (a.error) log.warn('a shard could not forget its finished rollouts at the run end', { shard: a.shard, error: a.error });
 }
 
 /** Tells every shard the run ends (also when it fails or is cancelled). */

@@ -90,3 +90,11 @@ export async function forgetFinished(ctx: ShardContext, force: boolean): Promise
     log.warn('forget failed; will retry', { error: String(err) });
   }
 }
+
+/** Forgets every queued rollout (the run's end): a batch that does not go through fails the request. */
+export async function forgetAll(ctx: ShardContext): Promise<void> {
+  for (let left = ctx.st.forgetQueue.length; left > 0; left = ctx.st.forgetQueue.length) {
+    await forgetFinished(ctx, true);
+    if (ctx.st.forgetQueue.length >= left) throw new Error(`${left} finished rollouts could not be forgotten in Gym`);
+  }
+}

@@ -10,6 +10,7 @@ import * as L from '../ledger.js';
 import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import type { ShardContext } from './context.js';
+import { forgetAll } from './dispatch.js';
 import { groupIndex } from './state.js';
 import { takeReports } from './stops.js';
 
@@ -43,6 +44,7 @@ async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardA
     case 'recut':
       return { part: await recut(ctx, req.tmpDir, req.unsettled, req.waitMs) };
     case 'drain':
+      if (req.forget) await forgetAll(ctx);
       return {};
     case 'planRestore': {
       if (st.loadError) throw new Error(st.loadError);
