@@ -26,8 +26,10 @@ export interface ControllerWorkerOptions {
   attemptBundle?: WorkflowBundleWithSourceMap;
   maxConcurrentRollouts?: number;
   /**
-   * Threads running the control task queue's workflows (default 2): a checkpoint asks every
-   * rollout shard for its part at once, and one thread answers them one after another.
+   * Threads running the control task queue's workflows (default 1). A checkpoint asks every
+   * rollout shard at once and one thread answers them one after another; 2 threads shortened
+   * admission closed at 8,000 in flight but the run's finish there fell into shard workflow-task
+   * timeouts (docs/performance.md), so the default stays 1 until that is understood.
    */
   controlWorkflowThreads?: number;
   /** Give up connecting after this long (default: retry for ever). */
@@ -114,7 +116,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
       maxConcurrentActivityTaskExecutions: 200,
       maxConcurrentWorkflowTaskExecutions: 64,
       maxCachedWorkflows: 4_000,
-      workflowThreadPoolSize: opts.controlWorkflowThreads ?? 2,
+      workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
     }),
     await Worker.create({
       connection,
