@@ -4,7 +4,8 @@
 // Runtime is one per process and must exist before the first connection: installWorkerRuntime()
 // installs it, or checks that the one already there serves what is asked.
 import { DefaultLogger, type LogEntry, type LogLevel, type LogMetadata, Runtime, type RuntimeOptions } from '@temporalio/worker';
-import { METRICS, SECONDS_BUCKETS } from './workflows/metrics.js';
+import { SECONDS_BUCKETS } from './protocol/metric-buckets.js';
+import { METRICS } from './workflows/metrics.js';
 
 export type LogFormat = 'json' | 'text';
 

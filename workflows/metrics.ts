@@ -18,9 +18,6 @@ export const METRICS = {
   recoveryEpisodes: 'controller_recovery_episodes_total',
 } as const;
 
-/** Buckets of the histograms above (the SDK's default ones are for milliseconds). */
-export const SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
-
 /** The stages of an outcome's `seconds` record, by their `stage` label (the participants' sum has its own histogram). */
 const STAGES = {
   candidates: 'candidates',

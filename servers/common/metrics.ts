@@ -6,6 +6,7 @@ import type { FastifyInstance, FastifyReply } from 'fastify';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import { PHASES } from '../../protocol/control.js';
 import { ERROR_CODES, type ErrorCode, type ProtocolError } from '../../protocol/errors.js';
+import { SECONDS_BUCKETS } from '../../protocol/metric-buckets.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { ReadinessReport } from '../control/hooks.js';
 
@@ -15,8 +16,6 @@ const DECORATOR = 'gymMetrics';
 export type TimedOperation = 'prepare' | 'commit' | 'restore' | 'resume';
 const TIMED_OPERATIONS: readonly TimedOperation[] = ['prepare', 'commit', 'restore', 'resume'];
 
-// From a resume that only reopens to a prepare or commit that uses a long deadline.
-const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600];
 const ADMISSION_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600];
 
 export class GymMetrics {
@@ -78,7 +77,7 @@ export class ControlMetrics {
       name: 'gym_control_operation_duration_seconds',
       help: 'Duration of control calls that did work (replays and fencing refusals excluded).',
       labelNames: ['operation'],
-      buckets: DURATION_BUCKETS,
+      buckets: SECONDS_BUCKETS,
       registers,
     });
     for (const operation of TIMED_OPERATIONS) this.durations.zero({ operation });
