@@ -7,8 +7,9 @@ import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Client, Connection, type WorkflowExecutionDescription } from '@temporalio/client';
+import { Client, type Connection, type WorkflowExecutionDescription } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectTo } from '../helpers/temporal.js';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDeployment } from '../../servers/launcher/launcher.js';
@@ -47,7 +48,7 @@ beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'controller-e2e-'));
   server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
   await upDeployment({ config: GYM_YAML, runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' } });
-  connection = await Connection.connect({ address: server.address });
+  connection = await connectTo(server);
   client = new Client({ connection });
 });
 

@@ -7,8 +7,9 @@ import { spawn } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { Client, Connection } from '@temporalio/client';
+import { Client, type Connection } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectTo } from '../helpers/temporal.js';
 import { downDeployment, upDeployment } from '../../servers/launcher/launcher.js';
 import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
@@ -47,7 +48,7 @@ beforeAll(async () => {
     cwd: ROOT,
   });
   await waitForLine(worker, /worker: polling/, 240_000);
-  connection = await Connection.connect({ address: server.address });
+  connection = await connectTo(server);
 }, 300_000);
 
 afterAll(async () => {

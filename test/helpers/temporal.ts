@@ -1,8 +1,9 @@
 // Temporal environments for tests. Both use binaries resolved by scripts/bootstrap.mjs
 // (`existing-path`), so nothing is downloaded at test time.
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Connection } from '@temporalio/client';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { readTemporalPaths } from '../../scripts/temporal-paths.mjs';
@@ -60,4 +61,25 @@ export async function createLocalEnv(options: DevServerOptions = {}): Promise<Lo
       }
     },
   };
+}
+
+/**
+ * A client connection to a dev server the test started. A connect that fails says whether the
+ * server is still running and what its log ended with, and is tried again while it runs: a loaded
+ * machine can keep a live server from finishing a handshake within the SDK's connect timeout.
+ */
+export async function connectTo(server: DevServer, tries = 3): Promise<Connection> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await Connection.connect({ address: server.address });
+    } catch (err) {
+      const exit = await Promise.race([server.exited, Promise.resolve(undefined)]);
+      if (exit === undefined && attempt < tries) continue;
+      const tail = server.logFile ? (await readFile(server.logFile, 'utf8').catch(() => '')).split('\n').slice(-20).join('\n') : '';
+      const state = exit === undefined ? 'still running' : `exited (${JSON.stringify(exit)})`;
+      throw new Error(`could not connect to the dev server at ${server.address} (${state}) after ${attempt} tries: ${(err as Error).message}\n${tail}`, {
+        cause: err,
+      });
+    }
+  }
 }

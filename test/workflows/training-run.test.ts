@@ -55,8 +55,8 @@ async function finishRun(gym: FakeGym, h: RunHandle): Promise<RunSummary> {
 }
 
 /** The run fails: its failure (an ApplicationFailure typed by the reason). */
-async function runFailure(h: RunHandle): Promise<ApplicationFailure> {
-  await until(() => isClosed(h), 'the run to close');
+async function runFailure(h: RunHandle, timeoutMs?: number): Promise<ApplicationFailure> {
+  await until(() => isClosed(h), 'the run to close', timeoutMs);
   const err = await h.result().then(
     () => undefined,
     (e: unknown) => e,
@@ -729,7 +729,9 @@ describe('Gym crashes (no crash ends a run)', () => {
       const handle = await startRun(cfg);
       await until(() => gym.running.size === 2, 'the first group in flight');
       await checkpointCaughtByCrash(gym, handle);
-      const failure = await runFailure(handle);
+      // The wait for Gym is a pending activity retried for gym_recovery_timeout_s (10 s at least),
+      // and the test server's clock does not skip while an activity is open: 10 s of real time.
+      const failure = await runFailure(handle, 40_000);
       expect(failure.type).toBe('gym_unavailable');
       expect(failure.message).toContain('controller.gym_recovery_timeout_s (10 s)');
     });

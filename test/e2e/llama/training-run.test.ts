@@ -8,8 +8,9 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Client, Connection } from '@temporalio/client';
+import { Client, type Connection } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectTo } from '../../helpers/temporal.js';
 import { readRolloutBatches } from '../../../activities/rollout-batches.js';
 import { RunConfigSchema } from '../../../protocol/run-config.js';
 import { startRun } from '../../../scripts/run.js';
@@ -43,7 +44,7 @@ beforeAll(async () => {
   await writeFile(config, llamaDeploymentYaml({ backendUrl: proxy.url, apiKeyEnv: KEY_ENV, maxSteps: 3 }));
   server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
   await upDeployment({ config, runDir: join(dir, 'gym'), env: GYM_ENV, healthTimeoutMs: 60_000 });
-  connection = await Connection.connect({ address: server.address });
+  connection = await connectTo(server);
   worker = spawnGroup({
     command: process.execPath,
     args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', server.address, '--task-queue', 'llama-run', '--rollout-task-queue', 'llama-run-run'],
