@@ -42,7 +42,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { Agent, request } from 'undici';
+import { Agent, type Dispatcher, getGlobalDispatcher, request } from 'undici';
 import {
   commit,
   committedEnvironmentKeys,
@@ -67,6 +67,7 @@ import { downDeployment, killDeployment, restartDeployment, statusDeployment, up
 import { readRunState } from '../servers/launcher/run-dir.js';
 import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { httpJson, type HttpReply } from '../test/helpers/http.js';
 
 export const TOKEN = 'bench-scale-token';
 /** The backend's `seed` option: mixed into every sampling seed. */
@@ -181,31 +182,15 @@ export function planRollouts(n: number, opts: { seed: number; prefix: string; fi
 
 // --- HTTP -------------------------------------------------------------------------------------
 
-export interface Reply {
-  status: number;
-  body: any;
-}
+export type Reply = HttpReply;
 
 /** `/run` lasts as long as its episode is held: a pool without undici's 300 s timeouts. */
 export function newRunPool(): Agent {
   return new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
 }
 
-export async function postJson(url: string, body: unknown, dispatcher?: Agent): Promise<Reply> {
-  const res = await request(url, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-    ...(dispatcher ? { dispatcher } : {}),
-  });
-  const text = await res.body.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : undefined;
-  } catch {
-    /* not JSON */
-  }
-  return { status: res.statusCode, body: parsed };
+export function postJson(url: string, body: unknown, dispatcher: Dispatcher = getGlobalDispatcher()): Promise<Reply> {
+  return httpJson(dispatcher, 'POST', url, body);
 }
 
 /** GET with a few retries on a reset connection (a keep-alive connection the server just closed). */
