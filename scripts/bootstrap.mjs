@@ -238,8 +238,17 @@ function ensureLlama() {
   else if (state === 'building') log(`the llama.cpp server build is still running (log: ${logFile})`);
 }
 
+// d. The WebAssembly kernels of the records hot paths, built from their .wat by the pinned wabt
+// (in node_modules by now) when missing or older than their source.
+async function ensureJsonKernels() {
+  const { buildKernels, kernelsStale } = await import('./build-kernels.mjs');
+  if (!kernelsStale()) return;
+  log(`json kernels: built (${await buildKernels()} bytes)`);
+}
+
 try {
   ensureNodeModules();
+  await ensureJsonKernels();
   ensureTemporal();
   ensureLlama();
 } catch (err) {

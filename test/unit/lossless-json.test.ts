@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { jsonKernelsAvailable } from '../../protocol/json-kernels.js';
 import {
   JsonLineEncoder,
   LosslessJsonError,
@@ -213,6 +214,10 @@ describe('parseLossless / stringifyLossless', () => {
 });
 
 describe('JsonLineEncoder', () => {
+  it('runs the WebAssembly kernels here (the bootstrap builds protocol/json-kernels.wasm)', () => {
+    expect(jsonKernelsAvailable()).toBe(true);
+  });
+
   it('writes exactly stringifyLossless + LF, across batch boundaries', () => {
     const rnd = seeded(11);
     const pick = <T>(a: T[]) => a[Math.floor(rnd() * a.length)]!;
