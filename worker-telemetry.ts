@@ -2,8 +2,26 @@
 // worker metrics and the controller's (workflows/metrics.ts), and logs as JSON lines with the field
 // names of the Gym servers' pino logs (`level` as pino's number, `time` in epoch ms, `msg`). The
 // Runtime is one per process and must exist before the first connection: installWorkerRuntime()
-// installs it, or checks that the one already there serves what is asked.
-import { DefaultLogger, type LogEntry, type LogLevel, type LogMetadata, Runtime, type RuntimeOptions } from '@temporalio/worker';
+// installs it, or checks that the one already there serves what is asked. Tracing (OpenTelemetry,
+// off by default): the Worker options of tracingWorkerOptions() with servers/common/tracing.ts.
+import { fileURLToPath } from 'node:url';
+import {
+  OpenTelemetryActivityInboundInterceptor,
+  OpenTelemetryActivityOutboundInterceptor,
+  makeWorkflowExporter,
+} from '@temporalio/interceptors-opentelemetry/lib/worker/index.js';
+import type { OpenTelemetryWorkflowExporter } from '@temporalio/interceptors-opentelemetry/lib/workflow/definitions.js';
+import {
+  DefaultLogger,
+  type InjectedSink,
+  type LogEntry,
+  type LogLevel,
+  type LogMetadata,
+  Runtime,
+  type RuntimeOptions,
+  type WorkerOptions,
+} from '@temporalio/worker';
+import type { Tracing } from './servers/common/tracing.js';
 import { SECONDS_BUCKETS } from './protocol/metric-buckets.js';
 import { METRICS } from './workflows/metrics.js';
 
@@ -148,4 +166,48 @@ export function installWorkerRuntime(t: WorkerTelemetry): void {
       `worker: this process's Temporal Runtime already exists without ${missing.join(' and ')}; ` +
         'the SDK installs one Runtime per process, before the first connection: create the workers before any other connection',
     );
+}
+
+// --- tracing -------------------------------------------------------------------------------------
+
+/** The workflow interceptors of a tracing worker: bundled into the workflow code (worker.ts bundleWorkflows). */
+export const TRACING_INTERCEPTORS_PATH = fileURLToPath(new URL('./workflows/tracing-interceptors.ts', import.meta.url));
+
+/** Whether a workflow bundle was built with the tracing interceptors (its module IDs name the file). */
+export function bundleTraces(bundle: { code: string }): boolean {
+  return bundle.code.includes('/workflows/tracing-interceptors.ts"');
+}
+
+/**
+ * What a Worker needs to trace, besides a bundle with the tracing interceptors: a span per activity
+ * (a child of the workflow's span that scheduled it, and the active context while it runs, so its
+ * HTTP calls carry it), trace IDs on activity log lines, and the sink the workflows' spans leave the
+ * isolate through. Those spans carry the workflow's IDs and type, not all of its info (the SDK's
+ * sink would copy in memo and search attributes as well).
+ */
+export function tracingWorkerOptions(tracing: Tracing): Pick<WorkerOptions, 'interceptors' | 'sinks'> {
+  const sdkSink = makeWorkflowExporter(tracing.spanProcessor, tracing.resource);
+  const exporter: InjectedSink<OpenTelemetryWorkflowExporter> = {
+    export: {
+      fn: (info, spans) =>
+        sdkSink.export.fn(
+          {
+            temporalWorkflowId: info.workflowId,
+            run_id: info.runId,
+            temporalWorkflowType: info.workflowType,
+            temporalTaskQueue: info.taskQueue,
+            temporalNamespace: info.namespace,
+          } as never,
+          spans,
+        ),
+      // Replayed spans were exported when they first ended.
+      callDuringReplay: false,
+    },
+  };
+  return {
+    interceptors: {
+      activity: [(ctx) => ({ inbound: new OpenTelemetryActivityInboundInterceptor(ctx), outbound: new OpenTelemetryActivityOutboundInterceptor(ctx) })],
+    },
+    sinks: { exporter },
+  };
 }

@@ -3,17 +3,27 @@
 //  - the rollout task queue: only the long `/run` activity, sized for thousands of concurrent rollouts,
 //    so coordination calls never queue behind rollouts.
 //   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run]
-//                 [--connect-timeout-s N] [--metrics-address IP:PORT] [--log-format json|text]   (--help: WORKER_CLI)
+//                 [--connect-timeout-s N] [--metrics-address IP:PORT] [--log-format json|text] [--otlp-endpoint URL]   (--help: WORKER_CLI)
 // The Gym control token comes from GYM_CONTROL_TOKEN. A Temporal server that cannot be reached at
 // start (not up yet, restarting) is retried with backoff, each try logged; by default for ever.
-// Metrics and logs: worker-telemetry.ts.
+// Metrics, logs and tracing: worker-telemetry.ts (tracing's provider: servers/common/tracing.ts).
 import { isIP } from 'node:net';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
 import { type Logger, NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './scripts/cli.mjs';
-import { JsonLogger, installWorkerRuntime, type LogFormat, type WorkerLines, workerLines } from './worker-telemetry.js';
+import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing, type Tracing } from './servers/common/tracing.js';
+import {
+  JsonLogger,
+  TRACING_INTERCEPTORS_PATH,
+  bundleTraces,
+  installWorkerRuntime,
+  type LogFormat,
+  tracingWorkerOptions,
+  type WorkerLines,
+  workerLines,
+} from './worker-telemetry.js';
 
 export interface ControllerWorkerOptions {
   address: string;
@@ -40,6 +50,11 @@ export interface ControllerWorkerOptions {
   metricsAddress?: string;
   /** `json`: the SDK's and the worker's logs as JSON lines on stderr; default `text` (the SDK's own). */
   logFormat?: LogFormat;
+  /**
+   * Trace workflows and activities into this process's provider (startTracing); the caller shuts it
+   * down. Bundles passed in must then be built with `{ tracing: true }`, and without it otherwise.
+   */
+  tracing?: Tracing | undefined;
 }
 
 export interface ControllerWorkers {
@@ -49,16 +64,25 @@ export interface ControllerWorkers {
 
 export const WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/index.ts', import.meta.url));
 
+export interface BundleOptions {
+  /** With the tracing interceptors (workflows/tracing-interceptors.ts), for a worker that traces. */
+  tracing?: boolean;
+}
+
+function interceptorModules(opts: BundleOptions): { workflowInterceptorModules?: string[] } {
+  return opts.tracing ? { workflowInterceptorModules: [TRACING_INTERCEPTORS_PATH] } : {};
+}
+
 /** `logger`: where the bundler's lines go (default: the SDK's plain lines). */
-export async function bundleWorkflows(logger?: Logger): Promise<WorkflowBundleWithSourceMap> {
-  return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger });
+export async function bundleWorkflows(logger?: Logger, opts: BundleOptions = {}): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger, ...interceptorModules(opts) });
 }
 
 export const ATTEMPT_WORKFLOWS_PATH = fileURLToPath(new URL('./workflows/attempt-index.ts', import.meta.url));
 
 /** The rollout worker's bundle: the rollout attempt alone (workflows/attempt-index.ts). */
-export async function bundleAttemptWorkflows(logger?: Logger): Promise<WorkflowBundleWithSourceMap> {
-  return bundleWorkflowCode({ workflowsPath: ATTEMPT_WORKFLOWS_PATH, logger });
+export async function bundleAttemptWorkflows(logger?: Logger, opts: BundleOptions = {}): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: ATTEMPT_WORKFLOWS_PATH, logger, ...interceptorModules(opts) });
 }
 
 /** Waits before connection try `n` (from 0): 0.5 s doubling to 10 s. */
@@ -98,14 +122,23 @@ async function connectWorkers(
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
   // Before the first connection: the SDK's Runtime is created once per process.
   installWorkerRuntime({ metricsAddress: opts.metricsAddress, logFormat: opts.logFormat });
+  const bundleLog = opts.logFormat === 'json' ? new JsonLogger() : undefined;
+  const tracing = opts.tracing !== undefined;
+  const [workflowBundle, attemptBundle] = await Promise.all([
+    opts.workflowBundle ?? bundleWorkflows(bundleLog, { tracing }),
+    opts.attemptBundle ?? bundleAttemptWorkflows(bundleLog, { tracing }),
+  ]);
+  // A bundle without the interceptors would trace nothing in its workflows; one with them and no
+  // sink would report every span it ends as a call to a sink that does not exist.
+  for (const bundle of [workflowBundle, attemptBundle])
+    if (bundleTraces(bundle) !== tracing)
+      throw new Error(
+        `worker: a workflow bundle built ${tracing ? 'without' : 'with'} { tracing: true } for a worker that ${tracing ? 'traces' : 'does not trace'}`,
+      );
+  const traced = opts.tracing ? tracingWorkerOptions(opts.tracing) : {};
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
   const activities = createActivities({ controlToken: opts.controlToken, pools });
-  const bundleLog = opts.logFormat === 'json' ? new JsonLogger() : undefined;
-  const [workflowBundle, attemptBundle] = await Promise.all([
-    opts.workflowBundle ?? bundleWorkflows(bundleLog),
-    opts.attemptBundle ?? bundleAttemptWorkflows(bundleLog),
-  ]);
   const { connection, workers } = await connectWorkers(opts, async (connection) => [
     await Worker.create({
       connection,
@@ -117,6 +150,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
       maxConcurrentWorkflowTaskExecutions: 64,
       maxCachedWorkflows: 4_000,
       workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
+      ...traced,
     }),
     await Worker.create({
       connection,
@@ -134,6 +168,7 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
       // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
       // not capped at the default 60 s: every one is a server write per parked rollout.
       maxHeartbeatThrottleInterval: '1 hour',
+      ...traced,
     }),
   ]);
   const [control, rollouts] = workers as [Worker, Worker];
@@ -156,7 +191,7 @@ const WORKER_CLI = defineCommand({
   invocation: 'npm run worker',
   usage: [
     'npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--connect-timeout-s N]',
-    '                  [--metrics-address IP:PORT] [--log-format json|text]',
+    '                  [--metrics-address IP:PORT] [--log-format json|text] [--otlp-endpoint URL]',
   ],
   summary:
     "The controller's Temporal workers in one process: every workflow and the coordination, snapshot and dataset activities on the control task queue; " +
@@ -177,12 +212,18 @@ const WORKER_CLI = defineCommand({
       value: 'json|text',
       help: "json: every log line a JSON object on stderr (pino's level, time, msg); text: the SDK's plain lines (default: $WORKER_LOG_FORMAT, else json)",
     },
+    'otlp-endpoint': {
+      type: 'string',
+      value: 'URL',
+      help: 'trace workflows, activities and their calls into Gym with OpenTelemetry, sent over OTLP/HTTP to URL/v1/traces, e.g. http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing)',
+    },
   },
   env: [
     { name: 'GYM_CONTROL_TOKEN', help: "required: the Gym deployment's checkpoint control token" },
     { name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' },
     { name: 'WORKER_METRICS_ADDRESS', help: 'the metrics address, when --metrics-address is not given' },
     { name: 'WORKER_LOG_FORMAT', help: 'json or text, when --log-format is not given' },
+    { name: 'OTEL_EXPORTER_OTLP_ENDPOINT', help: 'the OTLP endpoint, when --otlp-endpoint is not given (the Gym servers read it too)' },
   ],
   notes: ['SIGINT or SIGTERM shuts the workers down gracefully.'],
 });
@@ -201,12 +242,21 @@ async function main(): Promise<void> {
     // An empty variable counts as unset.
     'metrics-address': given['metrics-address'] ?? (process.env.WORKER_METRICS_ADDRESS || undefined),
     'log-format': given['log-format'] ?? (process.env.WORKER_LOG_FORMAT || 'json'),
+    'otlp-endpoint': given['otlp-endpoint'] ?? (process.env.OTEL_EXPORTER_OTLP_ENDPOINT || undefined),
   };
   const logFormat = values['log-format'];
   if (logFormat !== 'json' && logFormat !== 'text') exitWithUsageError(WORKER_CLI, `--log-format must be json or text, not '${logFormat}'`);
   const metricsAddress = values['metrics-address'];
   if (metricsAddress !== undefined && !isSocketAddress(metricsAddress)) {
     exitWithUsageError(WORKER_CLI, `--metrics-address must be an IP address and a port (e.g. 127.0.0.1:9464 or [::]:9464), not '${metricsAddress}'`);
+  }
+  const otlpEndpoint = values['otlp-endpoint'];
+  if (otlpEndpoint !== undefined) {
+    try {
+      otlpTracesUrl(otlpEndpoint);
+    } catch (err) {
+      exitWithUsageError(WORKER_CLI, `--otlp-endpoint (or ${OTLP_ENDPOINT_ENV}): ${(err as Error).message}`);
+    }
   }
   const lines = workerLines(logFormat);
   if (logFormat === 'json') jsonLines = lines;
@@ -220,6 +270,7 @@ async function main(): Promise<void> {
     console.error('worker: set GYM_CONTROL_TOKEN (the Gym deployment control token)');
     process.exit(2);
   }
+  const tracing = await startTracing({ serviceName: 'rollout-controller', otlpEndpoint });
   const workers = await createControllerWorkers({
     address: values.address!,
     namespace: values.namespace,
@@ -229,12 +280,16 @@ async function main(): Promise<void> {
     ...(connectTimeoutS !== undefined ? { connectTimeoutMs: connectTimeoutS * 1000 } : {}),
     ...(metricsAddress !== undefined ? { metricsAddress } : {}),
     logFormat,
+    tracing,
   });
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void workers.shutdown());
   lines.info(`worker: polling ${values['task-queue']} and ${values['rollout-task-queue']} on ${values.address}`, {
     ...(metricsAddress !== undefined ? { metricsAddress } : {}),
+    ...(tracing ? { otlpEndpoint } : {}),
   });
   await workers.run();
+  // The spans still batched go out before the process ends.
+  await tracing?.shutdown();
 }
 
 /** `IP:PORT` (IPv6 in brackets), as the SDK's metrics exporter binds it: no host names. */

@@ -3,6 +3,7 @@
 // every connection to a host, and must not starve prepare, commit or resume.
 import { Agent, type Dispatcher, request } from 'undici';
 import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
+import { traceHeaders } from '../servers/common/tracing.js';
 
 export interface ControlPoolOptions {
   /** Connections per origin (reference knob `global_aiohttp_control_connector_limit_per_host`). */
@@ -140,7 +141,8 @@ export async function controlCall(opts: ControlCallOptions): Promise<ControlResp
     const res = await request(url, {
       method: opts.method,
       dispatcher: opts.dispatcher,
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${opts.token}` },
+      // The activity's trace context: the participant's span is a child of the call's activity.
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${opts.token}`, ...traceHeaders() },
       body: opts.body ?? null,
       signal: controller.signal,
     });

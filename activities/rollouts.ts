@@ -11,6 +11,7 @@ import { RunReplySchema, type RunFailure, type RunResult, type Task, type Taskse
 import { groupIdOf, siblingTask, taskAt } from './dataset.js';
 import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
 import { joinUrl } from './control-client.js';
+import { traceHeaders } from '../servers/common/tracing.js';
 
 /** Wait before retrying a `/run` refused with `admission_closed` (a checkpoint is open). */
 export const ADMISSION_CLOSED_RETRY_DELAY = '2s';
@@ -114,6 +115,7 @@ export function createRolloutActivities(runPool: Dispatcher) {
             headers: {
               'content-type': 'application/json',
               ...(input.expectedInstance ? { 'x-ng-instance-id': input.expectedInstance } : {}),
+              ...traceHeaders(),
             },
             body,
             ...(signal ? { signal } : {}),

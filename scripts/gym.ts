@@ -52,6 +52,10 @@ const GYM_CLI = defineCommand({
       name: 'NG_RECORDS_DEFER_MIN_BYTES',
       help: 'resources servers: checkpoint records files from this size on are parsed off the main thread (default: 16 MiB)',
     },
+    {
+      name: 'OTEL_EXPORTER_OTLP_ENDPOINT',
+      help: "an OTLP/HTTP collector (e.g. http://127.0.0.1:4318): every server sends a span per control call and /run, joined to the caller's trace (off when unset)",
+    },
     { name: '<options.api_key_env>', help: "a model server's backend API key, in the variable its options.api_key_env names (e.g. LLAMA_API_KEY)" },
   ],
   notes: ['Every server gets this environment. Exit status: 0 done; 1 a launch failed; 2 a usage or deployment config error.'],

@@ -7,6 +7,7 @@ import { isProtocolError, ProtocolError } from '../../protocol/errors.js';
 import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
 import { SERVER_KEEP_ALIVE_MS } from '../../protocol/keep-alive.js';
 import { sendRefusal, serveMetrics } from './metrics.js';
+import { traceGymRequests, tracingOn } from './tracing.js';
 
 const ROLLOUT = Symbol('ngRollout');
 type WithRollout = IncomingMessage & { [ROLLOUT]?: RolloutPath };
@@ -36,6 +37,8 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
       return parsed.rest;
     },
   });
+  // Decided once per app: a process that does not trace has no tracing hooks at all.
+  if (tracingOn()) traceGymRequests(app, { name: opts.name, kind: opts.kind });
   app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));
   serveMetrics(app, { processMetrics: opts.processMetrics });
   app.setErrorHandler((err, req, reply) => {

@@ -9,6 +9,7 @@ import { ERROR_CODES, type ErrorCode, type ProtocolError } from '../../protocol/
 import { SECONDS_BUCKETS } from '../../protocol/metric-buckets.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { ReadinessReport } from '../control/hooks.js';
+import { annotateRequestSpan } from './tracing.js';
 
 const DECORATOR = 'gymMetrics';
 
@@ -168,5 +169,6 @@ export function metricsOf(app: FastifyInstance): GymMetrics | undefined {
  */
 export function sendRefusal(reply: FastifyReply, err: ProtocolError): FastifyReply {
   metricsOf(reply.server)?.refused(err.code);
+  annotateRequestSpan(reply.request, { 'gym.error_code': err.code });
   return reply.code(err.status).send(err.toEnvelope());
 }

@@ -7,6 +7,7 @@ import type { z } from 'zod';
 import { CONTROL_PREFIX, REQUEST_SCHEMAS } from '../../protocol/control.js';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
 import { sendRefusal } from '../common/metrics.js';
+import { annotateRequestSpan } from '../common/tracing.js';
 import type { ControlPlane } from './control-plane.js';
 
 export interface ControlPluginOptions {
@@ -80,6 +81,7 @@ export const controlPlugin: FastifyPluginAsync<ControlPluginOptions> = async (ap
   for (const op of POST_OPERATIONS) {
     app.post(`/${op}`, async (req) => {
       const body = parseBody(op, req.body);
+      annotateRequestSpan(req, { checkpoint_id: (body as { checkpoint_id: string }).checkpoint_id });
       switch (op) {
         case 'prepare':
           return plane.prepare(body as never);
