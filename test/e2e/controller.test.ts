@@ -3,10 +3,11 @@
 // target level, every Gym process SIGKILLed with siblings sealed, parked mid-turn and unstarted;
 // and a cold `restore_mode: latest` start of a new run on a copied checkpoint directory. A dev
 // server killed and restarted mid-run is one of the fault-schedule seeds (test/e2e/chaos.test.ts).
+// The turn-level run's report (`npm run report`) is opened in Chromium.
 import { cp, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Client, type Connection, type WorkflowExecutionDescription } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectTo } from '../helpers/temporal.js';
@@ -18,6 +19,10 @@ import { startRun } from '../../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
 import type { RunSummary } from '../../workflows/trainingRun.js';
+import type { ReportData } from '../../scripts/report/data.js';
+import { CHART_IDS } from '../../scripts/report/html.js';
+import { checkPage } from '../helpers/chromium.js';
+import { runCommand } from '../helpers/cli.js';
 import { sleep, waitFor } from '../helpers/wait.js';
 
 const TOKEN = 'controller-e2e-token';
@@ -358,9 +363,28 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
         JSON.stringify(judged),
       ).toBe(true);
       expect((await leftovers()).join(' | ')).toBe('');
+      if (level === 'turn') await checkRunReport(name, summary);
     }, 180_000);
   }
 });
+
+/** The report of a finished run, as `npm run report` writes it, in Chromium: every chart drawn, no error, no request. */
+async function checkRunReport(run: string, summary: RunSummary): Promise<void> {
+  const out = join(dir, `${run}.html`);
+  const r = await runCommand('scripts/report.ts', [run, '--address', server.address, '--out', out]);
+  expect(r.code, r.stderr).toBe(0);
+  expect(r.stdout.trim()).toBe(out);
+  const data = JSON.parse(/<script type="application\/json" id="report-data">(.*?)<\/script>/s.exec(await readFile(out, 'utf8'))![1]!) as ReportData;
+  expect(data).toMatchObject({ state: 'completed', source: 'result', metrics: { found: true, duplicates: 0, otherRuns: 0 } });
+  expect(data.recoveries.map((x) => [x.continued, x.restarted])).toEqual(summary.recoveries.map((x) => [x.continued, x.restarted]));
+  expect(data.checkpoints.map((c) => [c.checkpointId, c.source])).toEqual(summary.checkpoints.map((c) => [c.checkpointId, 'metrics']));
+  expect(data.timeline.completed.at(-1)!.n).toBe(summary.completedRollouts);
+  const url = pathToFileURL(out).href;
+  const page = await checkPage(url, { ready: 'document.body.dataset.charts !== undefined', screenshotTo: join(ROOT, '.data/screenshots/run-report.png') });
+  expect(page.errors).toEqual([]);
+  expect(page.requests).toEqual([url]);
+  expect(page.canvases).toEqual(Object.fromEntries(CHART_IDS.map((id) => [id, true])));
+}
 
 describe('retention', () => {
   it('two snapshots under one anchor with keep_latest_k 1: the run deletes the older one after the newer one is out', async () => {
