@@ -4,4 +4,4 @@ import { register } from 'tsx/esm/api';
 
 register();
 const worker = await import('./worker.ts');
-export const { hash, scan } = worker;
+export const { scan } = worker;

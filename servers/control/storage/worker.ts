@@ -1,32 +1,9 @@
-// The storage worker threads (run by piscina, see workers.ts). `hash`: running SHA-256 streams, so
-// a records file is hashed beside the main thread's encoding or parsing. `scan`: proves a chunk of
+// The scan threads (run by piscina, see workers.ts): `scan` proves a chunk of
 // records lines good (UTF-8, JSON, episode, scope) so the main thread keeps the deferred field's
 // bytes unparsed; lines native JSON would misread (NaN, 1.0, big integers, index keys) and bad
 // lines go back to the main thread, which parses them and names the error as the eager read does.
-import { createHash, type Hash } from 'node:crypto';
 import { captureKey, decodeEpisodeId } from '../../../protocol/episode-id.js';
 import { jsonTextOfUtf8, nativeIsLossless } from '../../../protocol/lossless-json.js';
-
-export type HashTask = { op: 'update'; stream: number; data: Uint8Array } | { op: 'digest' | 'drop'; stream: number };
-
-const streams = new Map<number, { hash: Hash; bytes: number }>();
-
-/** Updates resolve with the stream's byte count; `digest` with the hex digest and the byte count. */
-export function hash(task: HashTask): { bytes: number; hex?: string } {
-  let s = streams.get(task.stream);
-  if (task.op === 'drop') {
-    streams.delete(task.stream);
-    return { bytes: 0 };
-  }
-  if (!s) streams.set(task.stream, (s = { hash: createHash('sha256'), bytes: 0 }));
-  if (task.op === 'update') {
-    s.hash.update(task.data);
-    s.bytes += task.data.length;
-    return { bytes: s.bytes };
-  }
-  streams.delete(task.stream);
-  return { bytes: s.bytes, hex: s.hash.digest('hex') };
-}
 
 export interface ScanTask {
   /** Whole lines (shared memory: read here without a copy). */
