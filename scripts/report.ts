@@ -5,8 +5,7 @@
 import { pathToFileURL } from 'node:url';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
 import { projectRoot } from './temporal-paths.mjs';
-
-const DEFAULT_ADDRESS = '127.0.0.1:7233';
+import { CONNECTION_ENV, CONNECTION_FLAGS, connectWithin, targetOf } from './temporal-connect.js';
 
 export const REPORT_CLI = defineCommand({
   name: 'report',
@@ -24,11 +23,9 @@ export const REPORT_CLI = defineCommand({
       value: 'DIR',
       help: "where the run's checkpoint_metrics.jsonl is (default: the run config's run.checkpoint_dir, relative to the current directory)",
     },
-    address: { type: 'string', value: 'HOST:PORT', help: `the Temporal frontend (default: $TEMPORAL_ADDRESS, else ${DEFAULT_ADDRESS})` },
-    namespace: { type: 'string', value: 'NS', help: 'the Temporal namespace (default: default)' },
-    'connect-timeout-s': { type: 'string', value: 'N', help: 'give up reaching the Temporal server after N seconds (default: 2)' },
+    ...CONNECTION_FLAGS,
   },
-  env: [{ name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' }],
+  env: [CONNECTION_ENV],
   notes: [
     'A run without a result (running, failed) takes its steps and rewards from the status query, which needs a worker; without one, from the state its newest continue-as-new carried.',
     'Exit status: 0 written; 1 the report could not be made (Temporal unreachable, no such run); 2 a usage error.',
@@ -66,12 +63,11 @@ async function main(argv: string[]): Promise<void> {
   const timeoutS = values['connect-timeout-s'] === undefined ? 2 : Number(values['connect-timeout-s']);
   if (!(timeoutS > 0)) exitWithUsageError(REPORT_CLI, '--connect-timeout-s must be a positive number of seconds');
   // Loaded once the arguments are good: --help and usage errors answer without the Temporal client.
-  const [{ Client, NamespaceNotFoundError }, { connectWithin, targetOf }, { defaultReportFile, ReportFailure, writeRunReport }] = await Promise.all([
+  const [{ Client, NamespaceNotFoundError }, { defaultReportFile, ReportFailure, writeRunReport }] = await Promise.all([
     import('@temporalio/client'),
-    import('./temporal-connect.js'),
     import('./report/fetch.js'),
   ]);
-  const target = targetOf(values.address, process.env, DEFAULT_ADDRESS);
+  const target = targetOf(values.address, process.env);
   const namespace = values.namespace ?? 'default';
   const connection = await connectWithin(target, timeoutS * 1000);
   try {

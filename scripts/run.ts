@@ -28,9 +28,7 @@ import { checkpointNow, runStatus, stopRun, type RunStatus } from '../workflows/
 import { MAX_KEPT_OUTCOMES } from '../workflows/run/state.js';
 import { trainingRun } from '../workflows/trainingRun.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
-import { ConnectFailure, connectWithin, type Target } from './temporal-connect.js';
-
-export const DEFAULT_ADDRESS = '127.0.0.1:7233';
+import { CONNECTION_ENV, CONNECTION_FLAGS, ConnectFailure, connectWithin, targetOf } from './temporal-connect.js';
 
 export const RUN_CLI = defineCommand({
   name: 'run',
@@ -51,11 +49,9 @@ export const RUN_CLI = defineCommand({
     },
   ],
   flags: {
-    address: { type: 'string', value: 'HOST:PORT', help: `the Temporal frontend (default: $TEMPORAL_ADDRESS, else ${DEFAULT_ADDRESS})` },
-    namespace: { type: 'string', value: 'NS', help: 'the Temporal namespace (default: default)' },
-    'connect-timeout-s': { type: 'string', value: 'N', help: 'give up reaching the Temporal server after N seconds (default: 2)' },
+    ...CONNECTION_FLAGS,
   },
-  env: [{ name: 'TEMPORAL_ADDRESS', help: 'the Temporal frontend, when --address is not given' }],
+  env: [CONNECTION_ENV],
   notes: [
     'status, checkpoint-now and stop need a running run; on a finished or unknown one they say so and exit 1, as status and checkpoint-now do when no worker takes the query or update within 10 s.',
     'Exit status: 0 done; 1 the verb failed (Temporal unreachable, no such run, run already finished, the run failed); 2 a usage or run config error.',
@@ -235,11 +231,7 @@ async function main(argv: string[]): Promise<void> {
   const arg = args[0]!;
   const timeoutS = values['connect-timeout-s'] === undefined ? 2 : Number(values['connect-timeout-s']);
   if (!(timeoutS > 0)) exitWithUsageError(RUN_CLI, '--connect-timeout-s must be a positive number of seconds');
-  const target: Target = values.address
-    ? { address: values.address, source: '--address' }
-    : process.env.TEMPORAL_ADDRESS
-      ? { address: process.env.TEMPORAL_ADDRESS, source: 'TEMPORAL_ADDRESS' }
-      : { address: DEFAULT_ADDRESS, source: 'the default; set --address or TEMPORAL_ADDRESS' };
+  const target = targetOf(values.address, process.env);
   const namespace = values.namespace ?? 'default';
   // A bad config fails before any connection is tried.
   const config = verb === 'start' ? loadRunConfig(arg) : undefined;

@@ -14,7 +14,7 @@ import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launch
 import { loadRunConfig } from '../../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
 import { pauseRun, resumeRun } from '../../workflows/messages.js';
-import { nodeArgs, ROOT, type CommandResult } from '../helpers/cli.js';
+import { nodeArgs, ROOT, runProcess, type CommandResult } from '../helpers/cli.js';
 import { tempDir } from '../helpers/temp-dir.js';
 import { waitFor } from '../helpers/wait.js';
 
@@ -83,21 +83,7 @@ function runConfig(name: string, steps: number, extra: string[] = []): string {
 
 /** `python -m rollout_checkpoint <args> --address <the dev server>` with the venv's Python, stdin closed, not a terminal. */
 function py(...args: string[]): Promise<CommandResult> {
-  const started = Date.now();
-  const child = spawn(PYTHON, ['-m', 'rollout_checkpoint', ...args, '--address', server.address], {
-    cwd: ROOT,
-    env: PY_ENV,
-    stdio: ['ignore', 'pipe', 'pipe'],
-    timeout: 120_000,
-  });
-  let stdout = '';
-  let stderr = '';
-  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  return new Promise((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code) => resolve({ code, stdout, stderr, ms: Date.now() - started }));
-  });
+  return runProcess(PYTHON, ['-m', 'rollout_checkpoint', ...args, '--address', server.address], { env: PY_ENV, timeoutMs: 120_000 });
 }
 
 describe('the Python client against a real server', () => {

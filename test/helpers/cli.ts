@@ -19,9 +19,19 @@ export function nodeArgs(script: string, args: string[]): string[] {
   return [...(script.endsWith('.mjs') ? [] : ['--import', 'tsx']), join(ROOT, script), ...args];
 }
 
-export function runCommand(script: string, args: string[], opts: { env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Promise<CommandResult> {
+export function runCommand(script: string, args: string[], opts: RunOptions = {}): Promise<CommandResult> {
+  return runProcess(process.execPath, nodeArgs(script, args), opts);
+}
+
+export interface RunOptions {
+  env?: NodeJS.ProcessEnv;
+  timeoutMs?: number;
+}
+
+/** Any program from the root, stdin closed, its output collected. */
+export function runProcess(command: string, args: string[], opts: RunOptions = {}): Promise<CommandResult> {
   const started = Date.now();
-  const child = spawn(process.execPath, nodeArgs(script, args), {
+  const child = spawn(command, args, {
     cwd: ROOT,
     env: opts.env ?? process.env,
     stdio: ['ignore', 'pipe', 'pipe'],
