@@ -3,7 +3,7 @@
 // report, scripts/report.ts).
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import type { CheckpointOutcome } from '../protocol/controller.js';
+import { type CheckpointOutcome, outcomeKey } from '../protocol/controller.js';
 import { invariantFailure, storageFailure } from './activity-context.js';
 
 export const CHECKPOINT_METRICS_FILE = 'checkpoint_metrics.jsonl';
@@ -48,7 +48,7 @@ async function readTail(file: string): Promise<{ text: string; whole: boolean }>
 
 /**
  * Appends one line (fsynced), its stage seconds rounded to the millisecond. Idempotent by
- * checkpoint ID: a retried activity whose first run had appended already finds that line and
+ * `outcomeKey`: a retried activity whose first run had appended already finds that line and
  * writes nothing.
  */
 export async function appendCheckpointMetrics(input: AppendCheckpointMetricsInput): Promise<void> {
@@ -61,9 +61,9 @@ export async function appendCheckpointMetrics(input: AppendCheckpointMetricsInpu
     const lines = tail.text.split('\n');
     // A window that starts mid-file starts mid-line: its first piece is not a line.
     for (const line of tail.whole ? lines : lines.slice(1)) {
-      if (!line.includes(input.outcome.checkpointId)) continue;
+      if (!line.includes(input.outcome.at)) continue;
       try {
-        if ((JSON.parse(line) as Partial<CheckpointOutcome>).checkpointId === input.outcome.checkpointId) return;
+        if (outcomeKey(JSON.parse(line) as CheckpointOutcome) === outcomeKey(input.outcome)) return;
       } catch {
         // A torn line (a crash mid-write) is not this outcome's.
       }

@@ -319,6 +319,14 @@ export interface CheckpointOutcome {
   releasedAtMs?: number;
 }
 
+/**
+ * One outcome's identity in checkpoint_metrics.jsonl: its checkpoint ID and when it was decided (a
+ * skipped attempt has no checkpoint ID, so the ID alone would make every skip one line).
+ */
+export function outcomeKey(o: Pick<CheckpointOutcome, 'checkpointId' | 'at'>): string {
+  return `${o.checkpointId}@${o.at}`;
+}
+
 /** Application failure types the activities raise (the type is what workflows branch on). */
 export const FAILURE_TYPES = {
   transient: 'gym_transient',

@@ -3,7 +3,7 @@
 // ReportData, rounded for display. Pure: fetch.ts does the I/O, html.ts draws the page. Events are
 // taken in either form Temporal gives them: the SDK's decoded protobufs (fetchHistory) or their
 // JSON (`temporal workflow show -o json`, the golden histories of test/workflows/histories).
-import type { CheckpointOutcome, RolloutReport } from '../../protocol/controller.js';
+import { type CheckpointOutcome, outcomeKey, type RolloutReport } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import type { RunStatus, ShardAnswer, ShardRequest } from '../../workflows/messages.js';
 import type { RecoveryRecord, RunState, RunSummary, TrainingRunInput } from '../../workflows/run/state.js';
@@ -277,11 +277,11 @@ export function parseCheckpointMetrics(text: string): { outcomes: CheckpointOutc
       unreadable++;
       continue;
     }
-    if (seen.has(o.checkpointId)) {
+    if (seen.has(outcomeKey(o))) {
       duplicates++;
       continue;
     }
-    seen.add(o.checkpointId);
+    seen.add(outcomeKey(o));
     outcomes.push(o);
   }
   return { outcomes, lines, duplicates, unreadable };
@@ -524,8 +524,8 @@ export function buildReportData(input: ReportInput): ReportData {
   } else if (input.metrics) {
     notes.push(`no ${input.metrics.file}: checkpoints are the run’s own record (its last ${outcomes.length})`);
   }
-  const inFile = new Set(rows.map((r) => r.checkpointId));
-  for (const o of outcomes) if (!inFile.has(o.checkpointId)) rows.push(checkpointRow(o, t0, 'run'));
+  const inFile = new Set(rows.map(outcomeKey));
+  for (const o of outcomes) if (!inFile.has(outcomeKey(o))) rows.push(checkpointRow(o, t0, 'run'));
   rows.sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
 
   const recoveries = recoveriesOf(run, t0, records);

@@ -34,6 +34,16 @@ describe('appendCheckpointMetrics', () => {
     expect(JSON.parse(lines(dir)[0]!).seconds).toEqual({ prepare: 0.3, gym_participant_seconds: 0.206, total: 1 });
   });
 
+  it('skipped attempts (no checkpoint ID) each keep their line, told apart by when they were decided', async () => {
+    const dir = join(tempDir('metrics'), 'ckpt');
+    const skip = (at: string) => ({ ...outcome(''), outcome: 'skipped' as const, reason: 'missing_trainer_anchor' as const, seconds: {}, at });
+    await appendCheckpointMetrics({ checkpointDir: dir, outcome: skip('2026-01-01T00:00:01.000Z') });
+    await appendCheckpointMetrics({ checkpointDir: dir, outcome: skip('2026-01-01T00:00:01.000Z') }); // a retry
+    await appendCheckpointMetrics({ checkpointDir: dir, outcome: skip('2026-01-01T00:00:09.000Z') });
+    expect(lines(dir).filter(Boolean)).toHaveLength(2);
+    expect(parseCheckpointMetrics(readFileSync(join(dir, CHECKPOINT_METRICS_FILE), 'utf8')).outcomes).toHaveLength(2);
+  });
+
   it('finds the repeated line at the end of a long file; after a torn line it starts a line of its own', async () => {
     const dir = tempDir('metrics');
     // Older lines fill more than the window searched: the file is not read whole.
