@@ -10,6 +10,7 @@
 import { isIP } from 'node:net';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
+import { ensureSearchAttributes } from './scripts/search-attributes.mjs';
 import { type Logger, NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './scripts/cli.mjs';
@@ -119,6 +120,14 @@ async function connectWorkers(
   }
 }
 
+/** The controller's search attributes registered in `namespace` (scripts/search-attributes.mjs); the ones added are logged. */
+async function registerSearchAttributes(connection: NativeConnection, namespace: string, opts: ControllerWorkerOptions): Promise<void> {
+  const added = await ensureSearchAttributes(connection, namespace);
+  if (added.length === 0) return;
+  const line = `worker: registered the search attributes ${added.join(', ')} in namespace ${namespace}`;
+  (opts.log ?? ((l: string) => workerLines(opts.logFormat ?? 'text').info(l)))(line);
+}
+
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
   // Before the first connection: the SDK's Runtime is created once per process.
   installWorkerRuntime({ metricsAddress: opts.metricsAddress, logFormat: opts.logFormat });
@@ -139,38 +148,43 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
   const activities = createActivities({ controlToken: opts.controlToken, pools });
-  const { connection, workers } = await connectWorkers(opts, async (connection) => [
-    await Worker.create({
-      connection,
-      namespace: opts.namespace ?? 'default',
-      taskQueue: opts.taskQueue ?? 'rollout-control',
-      workflowBundle,
-      activities,
-      maxConcurrentActivityTaskExecutions: 200,
-      maxConcurrentWorkflowTaskExecutions: 64,
-      maxCachedWorkflows: 4_000,
-      workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
-      ...traced,
-    }),
-    await Worker.create({
-      connection,
-      namespace: opts.namespace ?? 'default',
-      taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
-      // The attempt workflows and their `/run`s: an attempt's activity is dispatched eagerly to
-      // this worker with its workflow task's completion.
-      workflowBundle: attemptBundle,
-      activities: { runEpisode: activities.runEpisode },
-      maxConcurrentWorkflowTaskExecutions: 64,
-      maxCachedWorkflows: 8_000,
-      // Each /run holds a slot for its whole duration; they are I/O-bound.
-      maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
-      maxConcurrentActivityTaskPolls: 20,
-      // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
-      // not capped at the default 60 s: every one is a server write per parked rollout.
-      maxHeartbeatThrottleInterval: '1 hour',
-      ...traced,
-    }),
-  ]);
+  const namespace = opts.namespace ?? 'default';
+  const { connection, workers } = await connectWorkers(opts, async (connection) => {
+    // Before any workflow runs: one that sets an unregistered search attribute would fail its tasks.
+    await registerSearchAttributes(connection, namespace, opts);
+    return [
+      await Worker.create({
+        connection,
+        namespace,
+        taskQueue: opts.taskQueue ?? 'rollout-control',
+        workflowBundle,
+        activities,
+        maxConcurrentActivityTaskExecutions: 200,
+        maxConcurrentWorkflowTaskExecutions: 64,
+        maxCachedWorkflows: 4_000,
+        workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
+        ...traced,
+      }),
+      await Worker.create({
+        connection,
+        namespace,
+        taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
+        // The attempt workflows and their `/run`s: an attempt's activity is dispatched eagerly to
+        // this worker with its workflow task's completion.
+        workflowBundle: attemptBundle,
+        activities: { runEpisode: activities.runEpisode },
+        maxConcurrentWorkflowTaskExecutions: 64,
+        maxCachedWorkflows: 8_000,
+        // Each /run holds a slot for its whole duration; they are I/O-bound.
+        maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
+        maxConcurrentActivityTaskPolls: 20,
+        // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
+        // not capped at the default 60 s: every one is a server write per parked rollout.
+        maxHeartbeatThrottleInterval: '1 hour',
+        ...traced,
+      }),
+    ];
+  });
   const [control, rollouts] = workers as [Worker, Worker];
   let running: Promise<void> | undefined;
   return {

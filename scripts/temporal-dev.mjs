@@ -12,14 +12,12 @@ import { fileURLToPath } from 'node:url';
 import { setTimeout as delay } from 'node:timers/promises';
 import { Connection } from '@temporalio/client';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './cli.mjs';
+import { INDEXED_VALUE_TYPE, SEARCH_ATTRIBUTES } from '../protocol/search-attributes.mjs';
+import { ensureSearchAttributes } from './search-attributes.mjs';
 import { projectRoot, readTemporalPaths } from './temporal-paths.mjs';
 
-export const DEFAULT_SEARCH_ATTRIBUTES = Object.freeze({
-  RunName: 'Keyword',
-  RunPhase: 'Keyword',
-  TrainerStep: 'Int',
-  CheckpointOutcome: 'Keyword',
-});
+/** The search attributes the controller's workflows set (protocol/search-attributes.mjs). */
+export const DEFAULT_SEARCH_ATTRIBUTES = SEARCH_ATTRIBUTES;
 
 // Temporal's limits stay at their defaults (2,000 pending children or activities per workflow,
 // 10,000 signals per execution, 2 MiB payloads), as on a user's cluster or Temporal Cloud: the
@@ -42,7 +40,6 @@ export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
 });
 
 // temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
-const INDEXED_VALUE_TYPE = { Text: 1, Keyword: 2, Int: 3, Double: 4, Bool: 5, Datetime: 6, KeywordList: 7 };
 
 /** Servers started by this process and not handed over with keepRunning(): killed on exit. */
 const live = new Set();
@@ -118,19 +115,6 @@ async function tryConnect(address, namespace) {
   } catch (err) {
     await connection.close().catch(() => {});
     throw err;
-  }
-}
-
-// `--search-attribute` is applied only when the namespace is created, so a persisted database
-// from an older run lacks newer attributes: register the missing ones through the operator API.
-async function ensureSearchAttributes(connection, namespace, wanted) {
-  const { customAttributes } = await connection.operatorService.listSearchAttributes({ namespace });
-  const missing = {};
-  for (const [name, type] of Object.entries(wanted)) {
-    if (!customAttributes || !(name in customAttributes)) missing[name] = INDEXED_VALUE_TYPE[type];
-  }
-  if (Object.keys(missing).length) {
-    await connection.operatorService.addSearchAttributes({ namespace, searchAttributes: missing });
   }
 }
 
@@ -290,6 +274,8 @@ async function startDevServerOnce(options) {
         try {
           const connection = await tryConnect(address, namespace);
           try {
+            // `--search-attribute` applies only when the namespace is created: a database from an
+            // older run lacks newer attributes.
             await ensureSearchAttributes(connection, namespace, searchAttributes);
           } finally {
             await connection.close();

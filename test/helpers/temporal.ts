@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { Connection } from '@temporalio/client';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
+import { INDEXED_VALUE_TYPE, SEARCH_ATTRIBUTES } from '../../protocol/search-attributes.mjs';
 import { readTemporalPaths } from '../../scripts/temporal-paths.mjs';
 import { freePort, startDevServer, type DevServer, type DevServerOptions } from '../../scripts/temporal-dev.mjs';
 
@@ -14,11 +15,17 @@ export function installTestRuntime(): void {
   if (Runtime._instance === undefined) Runtime.install({ logger: new DefaultLogger('WARN') });
 }
 
-/** The Java test server: timers fire as soon as no workflow task is pending. */
+/** The Java test server: timers fire as soon as no workflow task is pending. With the controller's search attributes registered (its operator API), as the worker does. */
 export async function createTimeSkippingEnv(): Promise<TestWorkflowEnvironment> {
   installTestRuntime();
   const { path } = readTemporalPaths().testServer;
-  return TestWorkflowEnvironment.createTimeSkipping({ server: { executable: { type: 'existing-path', path } } });
+  const env = await TestWorkflowEnvironment.createTimeSkipping({ server: { executable: { type: 'existing-path', path } } });
+  // Its operator API adds attributes but cannot list them.
+  await env.connection.operatorService.addSearchAttributes({
+    namespace: env.namespace ?? 'default',
+    searchAttributes: Object.fromEntries(Object.entries(SEARCH_ATTRIBUTES).map(([name, type]) => [name, INDEXED_VALUE_TYPE[type]])),
+  });
+  return env;
 }
 
 export interface LocalEnv {
