@@ -133,6 +133,8 @@ export interface DiscoverGymInput {
   runDir: string;
   /** Require a policy model participant (§11.1 step 4). Default false until the model takes part. */
   requireModel?: boolean;
+  /** How long each server's status reply is waited for (default 60 s). */
+  probeTimeoutS?: number;
 }
 
 export interface GymCallInput {
@@ -273,7 +275,14 @@ export function createGymActivities(deps: GymActivityDeps) {
         .filter(([, e]) => e.kind !== 'inference')
         .map(([name, e]) => ({ name, url: e.url }));
       const found = await gymCall({ op: 'discover' }, (signal) =>
-        discover({ servers: candidates, token, pool: deps.controlPool, requireModel: input.requireModel ?? false, ...(signal ? { signal } : {}) }),
+        discover({
+          servers: candidates,
+          token,
+          pool: deps.controlPool,
+          requireModel: input.requireModel ?? false,
+          ...(input.probeTimeoutS !== undefined ? { probeTimeoutMs: input.probeTimeoutS * 1000 } : {}),
+          ...(signal ? { signal } : {}),
+        }),
       );
       const members: GymMember[] = found.members.map((m) => ({ name: m.name, url: m.url, kind: m.kind }));
       const servers: GymTopology['servers'] = {};

@@ -128,11 +128,17 @@ export function storageLocalActivities(): LocalActivities {
   });
 }
 
-/** Quick control reads in the workflow's own worker (the Gym's endpoints files), retried like control calls. */
-export function controlLocalActivities(): LocalActivities {
+/**
+ * A checkpoint attempt's look at Gym (its restart check), in the workflow's own worker, within the
+ * attempt's prepare budget: each server's status is waited for `prepareTimeoutS` (a refused
+ * connection is tried again inside), and the look is not retried. A server that does not answer
+ * in time (stopped, hung) fails the attempt, which aborts and reopens admission; otherwise it held
+ * admission closed for minutes.
+ */
+export function checkpointProbeLocalActivities(prepareTimeoutS: number): LocalActivities {
   return proxyLocalActivities<ActivityFunctions>({
-    startToCloseTimeout: '1 minute',
-    retry: controlRetry,
+    startToCloseTimeout: `${prepareTimeoutS + 10} seconds`,
+    retry: { maximumAttempts: 1 },
   });
 }
 

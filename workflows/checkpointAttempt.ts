@@ -4,7 +4,7 @@
 // The run has closed admission in every shard before it starts this. A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
-import { getExternalWorkflowHandle, setCurrentDetails, upsertMemo } from '@temporalio/workflow';
+import { getExternalWorkflowHandle, setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
 import {
   groupOfRollout,
   shardOf,
@@ -19,10 +19,12 @@ import {
   type SnapshotManifestSlim,
 } from '../protocol/controller.js';
 import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
-import { controlActivities, controlLocalActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import { checkpointProbeLocalActivities, controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import { checkpointDetails, checkpointFailure } from './checkpoint-outcome.js';
 import { describeFailure, failureType, unreachableServers } from './failures.js';
 import { HOLDERS, releasedHolds, setHolds, type Holds, type ShardAnswer } from './messages.js';
 import { ShardAsker, allShards } from './shard-asker.js';
+import { CHECKPOINT_OUTCOME, CHECKPOINT_REASON } from './search-attributes.js';
 import { shardWorkflowId } from './shard-id.js';
 
 export interface CheckpointAttemptInput {
@@ -72,7 +74,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   // activities in this worker, so neither a server round trip and workflow task each nor
   // publication's input lands in the history while admission is closed.
   const files = storageLocalActivities();
-  const discovery = controlLocalActivities();
+  const discovery = checkpointProbeLocalActivities(input.prepareTimeoutS);
   const id = input.checkpointId;
   let asked = 0;
   const shards = new ShardAsker(input.run, () => ++asked, checkpointWorkflowId(input.run, id), id);
@@ -80,9 +82,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   const shardTimeoutMs = Math.max(30, input.prepareTimeoutS) * 1000;
   const seconds: CheckpointStageSeconds = {};
   const t0 = Date.now();
-  const stage = async (name: string): Promise<void> => {
+  // The stage in the UI's current details (a query answer: no history event while admission is closed).
+  const stage = (name: string): void => {
     setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\` of run \`${input.run}\`\n\nstage: **${name}**`);
-    await upsertMemo({ stage: name });
   };
   const timed = async <T>(key: keyof CheckpointStageSeconds, fn: () => Promise<T>): Promise<T> => {
     const s = Date.now();
@@ -96,8 +98,13 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     seconds.total = (Date.now() - t0) / 1000;
     seconds.gym_participant_seconds = (seconds.prepare ?? 0) + (seconds.commit ?? 0) + (seconds.resume ?? 0);
     const outcome: CheckpointOutcome = { checkpointId: id, trigger: input.trigger, seconds, at: new Date().toISOString(), ...o };
-    await upsertMemo({ outcome: outcome.outcome, reason: outcome.reason, stage: 'done' });
-    setCurrentDetails(`**${input.trigger} checkpoint** \`${id}\`: **${outcome.outcome}** (${outcome.reason})`);
+    upsertSearchAttributes([
+      { key: CHECKPOINT_OUTCOME, value: outcome.outcome },
+      { key: CHECKPOINT_REASON, value: outcome.reason },
+    ]);
+    setCurrentDetails(checkpointDetails(outcome, input.run));
+    // A failed attempt fails its workflow (the UI's "Failed" list); the run reads the same outcome from the failure.
+    if (outcome.outcome === 'failed') throw checkpointFailure(outcome);
     return outcome;
   };
 
@@ -109,10 +116,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // Allocation, the restart check and the shards' candidates side by side: admission is already
     // closed. A participant that restarted fresh holds none of the episodes in flight: a snapshot
     // now would publish a cut that continues nothing. Recover first.
-    await stage('allocate');
+    stage('allocate');
     const [allocated, now] = await Promise.all([
       files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
-      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel }).catch((err: unknown) => {
+      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel, probeTimeoutS: input.prepareTimeoutS }).catch((err: unknown) => {
         const down = unreachableServers(err);
         if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
         throw err;
@@ -128,7 +135,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // candidates while Gym prepares.
     const candidates = timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir }), shardTimeoutMs));
 
-    await stage('prepare');
+    stage('prepare');
     // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
     // stage by stage, so a prepare that fails on one server has prepared the ones before it. Every
     // exit aborts or releases it (a resume where prepare never arrived only fences the ID).
@@ -143,7 +150,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     requireAnswers('candidates', await candidates);
 
     // Gym is frozen: the shards write their ledger parts while Gym commits.
-    await stage('commit');
+    stage('commit');
     const cut = timed('ledger_cut', () => shards.ask(everyShard, () => ({ kind: 'cut', tmpDir }), shardTimeoutMs));
     commit = await timed('commit', () =>
       gymCall(() =>
@@ -158,14 +165,14 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // the wire. Their shards cut again once they have them (or after a short wait).
     const unsettled = unsettledByShard(commit.uncommitted, input.shards);
     if (unsettled.size > 0) {
-      await stage('ledger cut');
+      stage('ledger cut');
       const again = await timed('ledger_cut', () =>
         shards.ask([...unsettled.keys()], (k) => ({ kind: 'recut', tmpDir, unsettled: unsettled.get(k)!, waitMs: input.lateResultWaitMs }), shardTimeoutMs),
       );
       for (const a of requireAnswers('ledger cut', again)) parts.set(a.shard, a.part!);
     }
 
-    await stage('publish');
+    stage('publish');
     const manifest: SnapshotManifestSlim = {
       schema_version: 1,
       format: 'rollout-checkpoint/ts',
@@ -191,7 +198,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
     let abortPending = false;
     if (prepared) {
-      await stage('abort');
+      stage('abort');
       abortPending = !(await resumeGym(control, input, seconds));
     }
     const releasedAtMs = abortPending ? undefined : await releaseShards(input);
@@ -210,7 +217,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
 
   // Published: the snapshot is durable and authoritative from here on. Retention (older
   // snapshots) is the run's, once it has the outcome and admission is open again.
-  await stage('resume');
+  stage('resume');
   const released = await resumeGym(control, input, seconds);
   const releasedAtMs = released ? await releaseShards(input) : undefined;
   return finish({

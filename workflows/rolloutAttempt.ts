@@ -3,12 +3,13 @@
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
 // runs on. The report goes to the attempt's rollout shard by workflow ID (which survives the
 // shard's continue-as-new); the shard relays it to the run in a batch.
-import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep, upsertMemo } from '@temporalio/workflow';
+import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep, upsertSearchAttributes } from '@temporalio/workflow';
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
 import { controlActivities, runActivities } from './activities-proxy.js';
 import { describeFailure, failureType } from './failures.js';
 import { deadlineExpired, rolloutFinished, stopAttempt } from './messages.js';
+import { ROLLOUT_REWARD, ROLLOUT_STATUS } from './search-attributes.js';
 
 /** The reason a rollout reports when its environment process restarted under it. */
 export const GYM_RESTARTED = 'gym_restarted';
@@ -95,7 +96,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
     }
   }
   // Status and reward in the workflow list (the Temporal UI, the chaos checks), without opening each one.
-  await upsertMemo({ status: report.status, reward: report.reward });
+  upsertSearchAttributes([{ key: ROLLOUT_STATUS, value: report.status }, ...(report.reward !== null ? [{ key: ROLLOUT_REWARD, value: report.reward }] : [])]);
   await getExternalWorkflowHandle(input.reportTo).signal(rolloutFinished, report);
   return report;
 }

@@ -4,17 +4,7 @@
 // The prompt groups in flight, their attempts and results are the shards' (rolloutShard.ts): the
 // run carries nothing per rollout. Its event history, with its shards', is the controller's durable
 // memory.
-import {
-  ContinueAsNew,
-  allHandlersFinished,
-  condition,
-  continueAsNew,
-  log,
-  setCurrentDetails,
-  setHandler,
-  upsertMemo,
-  workflowInfo,
-} from '@temporalio/workflow';
+import { ContinueAsNew, allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, workflowInfo } from '@temporalio/workflow';
 import { checkpointNow, pauseRun, resumeRun, runStatus, shardReport, stopRun, type RunStatus } from './messages.js';
 import { armCheckpointTimer, checkpointDue, startCheckpoint } from './run/checkpoints.js';
 import { coldStart, setupLevels } from './run/cold-start.js';
@@ -70,7 +60,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     if (!st.levels) setupLevels(ctx, st.topology);
     let coldRecoveryPending = false;
     if (!input.state && cfg.rollout_checkpointing.restore_mode === 'latest') coldRecoveryPending = await coldStart(ctx, st.topology);
-    await upsertMemo({ run: cfg.run.name, steps: st.steps });
+    ctx.showInList();
     armCheckpointTimer(ctx);
     const done = (): boolean => (st.steps >= cfg.grpo.max_num_steps || st.stopRequested) && totalInFlight(st) === 0 && !ctx.checkpointRunning;
 
@@ -86,6 +76,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
       // Pause, stop and a noticed crash close admission in the shards too.
       if (!ctx.checkpointRunning) await syncHolds(ctx);
       if (st.steps < cfg.grpo.max_num_steps) await dispatch(ctx);
+      ctx.showInList();
       setCurrentDetails(
         `**run** \`${cfg.run.name}\` — ${ctx.phase()}\n\nstep ${st.steps}/${cfg.grpo.max_num_steps}, ${totalInFlight(st)} rollouts in flight in ${st.shards} shards, ` +
           `${st.completedRollouts} completed, last snapshot: ${st.lastSnapshot ?? 'none'}`,
@@ -110,10 +101,14 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
     await closeShards(ctx);
     await condition(allHandlersFinished);
     await ctx.retention;
+    ctx.showInList('finished');
     return summaryOf(cfg, st);
   } catch (err) {
     // Not at a continue-as-new: the shards live on into the next execution.
-    if (!(err instanceof ContinueAsNew)) await closeShards(ctx);
+    if (!(err instanceof ContinueAsNew)) {
+      ctx.showInList('failed');
+      await closeShards(ctx);
+    }
     throw err;
   }
 }

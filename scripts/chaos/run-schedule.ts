@@ -10,6 +10,7 @@ import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, signalServers, upDeployment } from '../../servers/launcher/launcher.js';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
+import { ROLLOUT_REWARD, ROLLOUT_STATUS } from '../../workflows/search-attributes.js';
 import type { RunSummary, trainingRun } from '../../workflows/trainingRun.js';
 import { startRun } from '../run.js';
 import { projectRoot } from '../temporal-paths.mjs';
@@ -376,8 +377,9 @@ async function listAttempts(world: ChaosWorld, run: string): Promise<{ running: 
     const key = wf.workflowId.slice(prefix.length);
     const rollout = key.replace(/-a\d+$/, '');
     started.add(rollout);
-    const memo = (wf.memo ?? {}) as { status?: string; reward?: number | null };
-    if (memo.status === 'completed') completed.set(rollout, [...(completed.get(rollout) ?? []), { key, reward: memo.reward ?? null }]);
+    const attrs = wf.typedSearchAttributes;
+    if (attrs.get(ROLLOUT_STATUS) === 'completed')
+      completed.set(rollout, [...(completed.get(rollout) ?? []), { key, reward: attrs.get(ROLLOUT_REWARD) ?? null }]);
   }
   return { running, started, completed };
 }

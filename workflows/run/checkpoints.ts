@@ -5,9 +5,11 @@
 import { ApplicationFailure, ParentClosePolicy, executeChild, log, setCurrentDetails, sleep, upsertMemo, uuid4 } from '@temporalio/workflow';
 import type { CheckpointOutcome, CheckpointTrigger } from '../../protocol/controller.js';
 import { checkpointAttempt, checkpointWorkflowId } from '../checkpointAttempt.js';
+import { outcomeOfFailure } from '../checkpoint-outcome.js';
 import { unreachableServers } from '../failures.js';
 import { HOLDERS, releasedHolds } from '../messages.js';
 import { checkpointRecorded } from '../metrics.js';
+import { CHECKPOINT_OUTCOME, CHECKPOINT_TRIGGER, RUN_NAME, TRAINER_STEP } from '../search-attributes.js';
 import type { RunContext } from './context.js';
 import { ensureShards, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
@@ -178,6 +180,12 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
     parentClosePolicy: ParentClosePolicy.ABANDON,
     staticSummary: `${trigger} checkpoint ${checkpointId} of run ${cfg.run.name}`,
     staticDetails: `at step ${st.steps}, ${st.shards} rollout shards`,
+    typedSearchAttributes: [
+      { key: RUN_NAME, value: cfg.run.name },
+      { key: TRAINER_STEP, value: st.steps },
+      { key: CHECKPOINT_TRIGGER, value: trigger },
+      { key: CHECKPOINT_OUTCOME, value: 'running' },
+    ],
     args: [
       {
         run: cfg.run.name,
@@ -197,6 +205,11 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
         requireModel: cfg.rollout_checkpointing.gym.require_model_participant,
       },
     ],
+  }).catch((err: unknown) => {
+    // A failed attempt fails its workflow and carries its outcome in the failure.
+    const failed = outcomeOfFailure(err);
+    if (!failed) throw err;
+    return failed;
   });
   if (o.releasePending && o.snapshotDir) {
     st.pendingRelease = { checkpointId, snapshotDir: o.snapshotDir, trigger };

@@ -1,11 +1,13 @@
 // What every part of the training run shares within one execution: its config and state, the
 // activity proxies, and the flags its concurrent parts (main loop, checkpoint pump, handlers)
 // coordinate through. Nothing here survives continue-as-new but `st`.
-import { type ApplicationFailure, workflowInfo } from '@temporalio/workflow';
+import type { SearchAttributeUpdatePair } from '@temporalio/common';
+import { type ApplicationFailure, upsertSearchAttributes, workflowInfo } from '@temporalio/workflow';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { controlActivities, gymRecoveryActivities, storageActivities, type Activities } from '../activities-proxy.js';
 import type { RunStatus } from '../messages.js';
+import { RUN_NAME, RUN_PHASE, TRAINER_STEP } from '../search-attributes.js';
 import { ShardAsker } from '../shard-asker.js';
 import { totalInFlight, type RunState } from './state.js';
 
@@ -71,16 +73,31 @@ export class RunContext {
     return !st.gates.weightSync && !st.gates.gymCheckpoint && !st.paused && !st.stopRequested && !st.recoveryNeeded;
   }
 
-  phase(): string {
+  /** `withCheckpoint` false: what the run is in apart from a checkpoint in progress. */
+  phase(withCheckpoint = true): string {
     const { st } = this;
     if (st.stopRequested) return 'stopping';
     if (st.waitingForGymSince) return 'waiting_for_gym';
     if (this.recovering) return 'recovering';
-    if (this.checkpointRunning) return 'checkpointing';
+    if (withCheckpoint && this.checkpointRunning) return 'checkpointing';
     if (st.pendingRelease) return 'release_pending';
     if (st.pendingAbort) return 'abort_pending';
     if (st.paused) return 'paused';
     return 'dispatching';
+  }
+
+  /**
+   * Run name, phase and step in the workflow list (search attributes), upserted only when one
+   * changed: each upsert is a history event and a visibility write. A checkpoint in progress is
+   * not a phase there: one every few seconds would write two upserts each.
+   */
+  showInList(phase = this.phase(false)): void {
+    const shown = workflowInfo().typedSearchAttributes;
+    const changes: SearchAttributeUpdatePair[] = [];
+    if (shown.get(RUN_NAME) !== this.cfg.run.name) changes.push({ key: RUN_NAME, value: this.cfg.run.name });
+    if (shown.get(RUN_PHASE) !== phase) changes.push({ key: RUN_PHASE, value: phase });
+    if (shown.get(TRAINER_STEP) !== this.st.steps) changes.push({ key: TRAINER_STEP, value: this.st.steps });
+    if (changes.length > 0) upsertSearchAttributes(changes);
   }
 
   status(): RunStatus {

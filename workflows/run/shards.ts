@@ -6,6 +6,7 @@ import type { RunConfig } from '../../protocol/run-config.js';
 import { HOLDERS, assignGroups, closeShard, setHolds, type AssignGroups, type Holds } from '../messages.js';
 import { rolloutShard } from '../rolloutShard.js';
 import { allShards } from '../shard-asker.js';
+import { ofRun } from '../search-attributes.js';
 import { shardWorkflowId } from '../shard-id.js';
 import type { RunContext } from './context.js';
 
@@ -34,6 +35,7 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
       // Lives across the run's continue-as-new; the run closes it at its end.
       parentClosePolicy: ParentClosePolicy.ABANDON,
       staticSummary: `rollout shard ${shard + 1}/${st.shards} of run ${cfg.run.name}`,
+      typedSearchAttributes: ofRun(cfg.run.name),
       args: [
         {
           run: cfg.run.name,

@@ -2,7 +2,7 @@
 // from the shards that hold them (each writes its part of the batch and drops the groups) into a
 // trainer step (admission held by the weight-sync gate meanwhile); trainer anchors every
 // `save_period` steps with their Gym-restart fallback; the catch-up of a trainer that lost its state.
-import { ActivityFailure, ApplicationFailure, log, upsertMemo } from '@temporalio/workflow';
+import { ActivityFailure, ApplicationFailure, log } from '@temporalio/workflow';
 import { batchPartFile, fallbackPartsDir, ledgerPartFile } from '../../protocol/controller.js';
 import { allShards } from '../shard-asker.js';
 import type { RunContext } from './context.js';
@@ -88,7 +88,7 @@ export async function trainReadyGroups(ctx: RunContext): Promise<void> {
       if (ctx.ownsWeights) st.trainedBatches.push({ step, expectedVersion: st.trainerVersion - 1, batchFiles, cursor: st.cursor });
       else if (batchFiles.length > 0) await ctx.storage.removeControllerDir({ dir: batchDir(ctx, step) });
       log.info('training step', { step, reward: mean, policyVersion: st.trainerVersion });
-      await upsertMemo({ steps: st.steps, policyVersion: st.trainerVersion });
+      ctx.showInList();
       if (ctx.ownsWeights && cfg.checkpointing.enabled && (step % cfg.checkpointing.save_period === 0 || step === cfg.grpo.max_num_steps)) {
         await saveTrainerAnchor(ctx, step);
       }

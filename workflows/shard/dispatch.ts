@@ -10,6 +10,7 @@ import * as L from '../ledger.js';
 import { gymBusy } from '../messages.js';
 import { rolloutsDispatched } from '../metrics.js';
 import { rolloutAttempt, rolloutWorkflowId, type RolloutAttemptInput } from '../rolloutAttempt.js';
+import { ROLLOUT_CONTINUED, ROLLOUT_STATUS, RUN_NAME } from '../search-attributes.js';
 import type { ShardContext } from './context.js';
 import { admissionOpen } from './state.js';
 
@@ -60,6 +61,11 @@ export async function dispatch(ctx: ShardContext): Promise<void> {
         workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
         staticSummary: `rollout ${key} (${group.task_source}) of run ${input.run}`,
         staticDetails: `group \`${group.group_id}\`, sibling ${sibling.generation_index}, Gym attempt ${attempt.gym_attempt}${attempt.continued ? ' (continued from a saved turn)' : ''}`,
+        typedSearchAttributes: [
+          { key: RUN_NAME, value: input.run },
+          { key: ROLLOUT_STATUS, value: 'running' },
+          { key: ROLLOUT_CONTINUED, value: attempt.continued === true },
+        ],
         args: [args],
       }).then(
         () => undefined,
