@@ -14,6 +14,8 @@ import { RunConfigSchema } from '../protocol/run-config.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDeployment } from '../servers/launcher/launcher.js';
 import { spawnGroup, waitForLine, type GroupProcess } from '../servers/launcher/process-group.js';
 import { checkpointNow, runStatus, type RunStatus } from '../workflows/messages.js';
+import { ROLLOUT_STATUS } from '../workflows/search-attributes.js';
+import { screenshotRunInUi } from './ui-screenshots.js';
 import { defineCommand, parseCommandLine } from './cli.mjs';
 import { writeRunReport } from './report/fetch.js';
 import { startRun } from './run.js';
@@ -204,8 +206,7 @@ async function main(): Promise<void> {
   const completedByRollout = new Map<string, number>();
   for await (const wf of client.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
     if (!wf.workflowId.startsWith(`${runName}/rollout/`)) continue;
-    const memo = (wf.memo ?? {}) as { status?: string };
-    if (memo.status !== 'completed') continue;
+    if (wf.typedSearchAttributes.get(ROLLOUT_STATUS) !== 'completed') continue;
     const rollout = wf.workflowId.slice(`${runName}/rollout/`.length).replace(/-a\d+$/, '');
     completedByRollout.set(rollout, (completedByRollout.get(rollout) ?? 0) + 1);
   }
@@ -246,6 +247,10 @@ async function main(): Promise<void> {
   await writeRunReport(client, runName, { out: join(demoDir, 'report.html') })
     .then(({ file }) => console.log(`run report (HTML):      ${file}`))
     .catch((err: unknown) => console.log(`run report failed:      ${(err as Error).message}`));
+  // The same run in the Temporal UI (headless Chromium), while the worker still answers its queries.
+  await screenshotRunInUi(client, { uiUrl: kept.uiUrl, run: runName, outDir: demoDir })
+    .then((shots) => console.log(`Temporal UI screenshots: ${shots.map((s) => s.file).join(', ')}`))
+    .catch((err: unknown) => console.log(`UI screenshots skipped: ${(err as Error).message.split('\n')[0]}`));
 
   await worker.stop(5_000);
   await downDeployment(gymDir);

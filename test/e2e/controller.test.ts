@@ -13,15 +13,19 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectTo } from '../helpers/temporal.js';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
-import { downDeployment, killDeployment, readEndpoints, restartDeployment, upDeployment } from '../../servers/launcher/launcher.js';
+import { downDeployment, killDeployment, readEndpoints, restartDeployment, signalServers, upDeployment } from '../../servers/launcher/launcher.js';
 import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
 import { startRun } from '../../scripts/run.js';
 import { freePort, startDevServer, type DevServer } from '../../scripts/temporal-dev.mjs';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
+import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
+import { outcomeOfFailure } from '../../workflows/checkpoint-outcome.js';
+import { ROLLOUT_REWARD, ROLLOUT_STATUS, runQueries } from '../../workflows/search-attributes.js';
+import { screenshotRunInUi } from '../../scripts/ui-screenshots.js';
 import type { RunSummary } from '../../workflows/trainingRun.js';
 import type { ReportData } from '../../scripts/report/data.js';
 import { CHART_IDS } from '../../scripts/report/html.js';
-import { checkPage } from '../helpers/chromium.js';
+import { checkPage } from '../../scripts/chromium.js';
 import { runCommand } from '../helpers/cli.js';
 import { sleep, waitFor } from '../helpers/wait.js';
 
@@ -51,7 +55,8 @@ function startWorkerProcess(taskQueue: string, address = server.address): GroupP
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'controller-e2e-'));
-  server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  // With its Web UI: the turn-level test looks at its run there.
+  server = await startDevServer({ port: await freePort(), uiPort: await freePort(), dbFile: join(dir, 'temporal.sqlite') });
   await upDeployment({ config: GYM_YAML, runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' } });
   connection = await connectTo(server);
   client = new Client({ connection });
@@ -103,8 +108,7 @@ async function failedRollouts(run: string): Promise<unknown[]> {
   const out: unknown[] = [];
   for await (const wf of client.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
     if (!wf.workflowId.startsWith(`${run}/rollout/`)) continue;
-    const memo = (wf.memo ?? {}) as { status?: string };
-    if (memo.status === 'completed') continue;
+    if (wf.typedSearchAttributes.get(ROLLOUT_STATUS) === 'completed') continue;
     const r = await client.workflow
       .getHandle(wf.workflowId)
       .result()
@@ -146,7 +150,8 @@ describe('controller on the dev server with a real Gym', () => {
       expect(m.seconds.prepare).toBeGreaterThan(0);
       expect(m.seconds.admission_closed_seconds).toBeGreaterThan(0);
     }
-  });
+    // The worker's start (bundling its workflows) is in this test's time, up to 60 s on a loaded machine.
+  }, 120_000);
 
   it('a worker SIGKILLed in the middle of a checkpoint attempt: a new worker finishes that attempt with the same ID', async () => {
     const tq = 'e2e-kill';
@@ -266,11 +271,10 @@ async function completedAttempts(run: string): Promise<Map<string, Array<{ key: 
   const out = new Map<string, Array<{ key: string; reward: number | null }>>();
   for await (const wf of client.workflow.list({ query: `WorkflowType = 'rolloutAttempt'` })) {
     if (!wf.workflowId.startsWith(`${run}/rollout/`)) continue;
-    const memo = (wf.memo ?? {}) as { status?: string; reward?: number | null };
-    if (memo.status !== 'completed') continue;
+    if (wf.typedSearchAttributes.get(ROLLOUT_STATUS) !== 'completed') continue;
     const key = wf.workflowId.slice(`${run}/rollout/`.length);
     const rollout = key.replace(/-a\d+$/, '');
-    out.set(rollout, [...(out.get(rollout) ?? []), { key, reward: memo.reward ?? null }]);
+    out.set(rollout, [...(out.get(rollout) ?? []), { key, reward: wf.typedSearchAttributes.get(ROLLOUT_REWARD) ?? null }]);
   }
   return out;
 }
@@ -309,7 +313,8 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       await post(`${backendUrl()}/_ctl/hold`, HOLDS);
       const cfg = config(name, name, {
         grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 1, tasksets: ['counter', 'genrm'] },
-        rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: 30 } },
+        // turn: a short prepare timeout, for the checkpoint that fails on a stopped server.
+        rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: level === 'turn' ? 3 : 30 } },
         rollout_recovery: { target_level: level },
       });
       const handle = await startRun(client, cfg);
@@ -317,6 +322,14 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
       const genrm = `${name}.s1-p1`;
       await waitFor('the counter g0 to seal', async () => (await handle.query(runStatus)).completedRollouts >= 1, 60_000);
       await sleep(1_500); // the held siblings reach their boundaries
+      let failedId: string | undefined;
+      if (level === 'turn') {
+        // A participant that does not answer: the attempt fails (prepare timed out), its abort waits for the server.
+        expect(signalServers(join(dir, 'gym'), { servers: ['restart_env'] }, 'SIGSTOP')).toEqual(['restart_env']);
+        const failed = await handle.executeUpdate(checkpointNow).finally(() => signalServers(join(dir, 'gym'), { servers: ['restart_env'] }, 'SIGCONT'));
+        expect(failed).toMatchObject({ outcome: 'failed', reason: 'io_error' });
+        failedId = failed.checkpointId;
+      }
       const saved = await handle.executeUpdate(checkpointNow);
       expect(saved.outcome).toBe('completed');
       expect(saved.scopeCount).toBe(7); // every unfinished sibling is parked at a boundary
@@ -363,10 +376,52 @@ describe('recovery after every Gym process is SIGKILLed, per target level', () =
         JSON.stringify(judged),
       ).toBe(true);
       expect((await leftovers()).join(' | ')).toBe('');
-      if (level === 'turn') await checkRunReport(name, summary);
+      if (level === 'turn') {
+        await checkRunReport(name, summary);
+        await checkSearchAttributes(name, summary, failedId!);
+      }
     }, 180_000);
   }
 });
+
+/** The documented queries find each kind of workflow of a finished run, and the Temporal UI shows them (screenshots). */
+async function checkSearchAttributes(run: string, summary: RunSummary, failedCheckpoint: string): Promise<void> {
+  const q = runQueries(run);
+  const ids = async (query: string): Promise<string[]> => {
+    const out: string[] = [];
+    for await (const wf of client.workflow.list({ query })) out.push(wf.workflowId);
+    return out.sort();
+  };
+  const attempts = summary.checkpoints.filter((c) => c.checkpointId).map((c) => checkpointWorkflowId(run, c.checkpointId));
+  // Visibility follows the histories by a moment.
+  await waitFor(
+    'every attempt in the visibility store',
+    async () => (await ids(`${q.all} AND WorkflowType = 'checkpointAttempt'`)).length === attempts.length,
+    20_000,
+  );
+  expect(await ids(q.failedCheckpoints)).toEqual([checkpointWorkflowId(run, failedCheckpoint)]);
+  expect(await ids(`${q.all} AND CheckpointOutcome = 'completed'`)).toEqual(
+    summary.checkpoints
+      .filter((c) => c.outcome === 'completed')
+      .map((c) => checkpointWorkflowId(run, c.checkpointId))
+      .sort(),
+  );
+  expect(await ids(`${q.all} AND CheckpointReason = 'io_error'`)).toEqual([checkpointWorkflowId(run, failedCheckpoint)]);
+  // The continued attempts are the ones the recovery named.
+  expect(await ids(q.continuedAttempts)).toEqual(summary.recoveries[0]!.continuedSample.map((k) => `${run}/rollout/${k}`).sort());
+  // The attempts they continue did not complete: the crash ended them.
+  expect(await ids(q.unfinishedAttempts)).toEqual(summary.recoveries[0]!.continuedSample.map((k) => `${run}/rollout/${k.replace(/-a1$/, '')}`).sort());
+  expect(await ids(`${q.all} AND WorkflowType = 'trainingRun' AND RunPhase = 'finished' AND TrainerStep = ${summary.steps}`)).toEqual([run]);
+  // The failed attempt failed with its outcome as the failure's details.
+  const err = await client.workflow
+    .getHandle(checkpointWorkflowId(run, failedCheckpoint))
+    .result()
+    .catch((e: unknown) => e);
+  expect(outcomeOfFailure((err as { cause?: unknown }).cause)).toMatchObject({ checkpointId: failedCheckpoint, outcome: 'failed', reason: 'io_error' });
+
+  const shots = await screenshotRunInUi(client, { uiUrl: server.uiUrl!, run, outDir: join(ROOT, '.data/screenshots') });
+  expect(shots.map((s) => s.name)).toEqual(['ui-run-workflows', 'ui-run', 'ui-failed-checkpoints', 'ui-checkpoint', 'ui-checkpoint-details']);
+}
 
 /** The report of a finished run, as `npm run report` writes it, in Chromium: every chart drawn, no error, no request. */
 async function checkRunReport(run: string, summary: RunSummary): Promise<void> {

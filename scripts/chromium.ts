@@ -1,4 +1,4 @@
-// A real browser for the tests that look at a page: Debian's Chromium (installed by
+// A real browser for the tests and scripts that look at a page: Debian's Chromium (installed by
 // scripts/bootstrap.mjs) driven by playwright-core. Headless, with a fresh profile, and with every
 // feature that would reach the network off: this machine's network is closed, and a page under
 // test must not need it. Playwright starts Chromium in its own process group and kills the group
