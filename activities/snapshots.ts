@@ -24,7 +24,7 @@ import { isProtocolError } from '../protocol/errors.js';
 import { CheckpointIdSchema, captureKeyList } from '../protocol/ids.js';
 import { LosslessNumber } from '../protocol/lossless-json.js';
 import { ManifestSchema } from '../protocol/manifest.js';
-import { readRecords } from '../servers/control/storage/index.js';
+import { readRecords } from '../servers/control/storage/reader.js';
 import { heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { sortKeysDeep } from '../protocol/canonical-json.js';
 import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';

@@ -20,7 +20,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { captureKey } from '../protocol/ids.js';
 import { materialized } from '../protocol/deferred-json.js';
-import { readRecords, writeRecords } from '../servers/control/storage/index.js';
+import { readRecords } from '../servers/control/storage/reader.js';
+import { writeRecords } from '../servers/control/storage/writer.js';
 import { importCase, removeTempDirs } from './lib/model-participant.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 

@@ -12,7 +12,7 @@ import type { ChatMessage } from '../../protocol/openai.js';
 import { taskOf } from '../../activities/dataset.js';
 import { ControlPlane } from '../../servers/control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
-import { writeRecords } from '../../servers/control/storage/index.js';
+import { writeRecords } from '../../servers/control/storage/writer.js';
 import { fakeTokenIds, promptTextOf } from '../../servers/inference/reply.js';
 import { ModelParticipant } from '../../servers/model/participant.js';
 import { writeStagedTokens, TOKEN_STORE_FORMAT, stagingKeyOf } from '../../servers/model/token-store.js';

@@ -32,7 +32,8 @@ import { Mutex } from '../common/async.js';
 import type { ControlMetrics, GymMetrics, TimedOperation } from '../common/metrics.js';
 import { ResumedIds } from './resumed-ids.js';
 import { RetireMarks } from './retire-marks.js';
-import { readRecords, startRecordsWrite, type RecordsWrite } from './storage/index.js';
+import { readRecords } from './storage/reader.js';
+import { startRecordsWrite, type RecordsWrite } from './storage/writer.js';
 
 export interface ControlPlaneOptions {
   instance: string;

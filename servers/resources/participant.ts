@@ -4,7 +4,7 @@
 import { refuse, ProtocolError } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import { AdmissionGate } from '../common/async.js';
-import { deferMinBytes } from '../control/storage/index.js';
+import { deferMinBytes } from '../control/storage/reader.js';
 import { materialized } from '../../protocol/deferred-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import type { ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';

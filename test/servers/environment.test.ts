@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { afterAll, afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
 import { ConfigError, parseConfig } from '../../servers/common/config-error.js';
-import { readRecords } from '../../servers/control/storage/index.js';
+import { readRecords } from '../../servers/control/storage/reader.js';
 import environmentModule, { EnvironmentOptionsSchema, type EnvironmentServer } from '../../servers/environment/module.js';
 import {
   AUTH,

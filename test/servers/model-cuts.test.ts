@@ -6,7 +6,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { readRecords } from '../../servers/control/storage/index.js';
+import { readRecords } from '../../servers/control/storage/reader.js';
 import { ledgerPath } from '../../servers/model/capture-ledger.js';
 import {
   afterToolRound,

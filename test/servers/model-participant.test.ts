@@ -4,7 +4,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { readRecords } from '../../servers/control/storage/index.js';
+import { readRecords } from '../../servers/control/storage/reader.js';
 import { ledgerPath } from '../../servers/model/capture-ledger.js';
 import { captureDirOf } from '../../servers/model/module.js';
 import { listStagingKeys, readStagedTokens } from '../../servers/model/token-store.js';

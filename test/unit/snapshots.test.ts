@@ -27,7 +27,7 @@ import {
   type SnapshotManifestSlim,
 } from '../../protocol/controller.js';
 import { packJson } from '../../protocol/packed-json.js';
-import { writeRecords } from '../../servers/control/storage/index.js';
+import { writeRecords } from '../../servers/control/storage/writer.js';
 import { tempDir } from '../helpers/temp-dir.js';
 import { failureOf } from '../helpers/activity.js';
 

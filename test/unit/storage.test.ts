@@ -7,7 +7,9 @@ import { ProtocolError } from '../../protocol/errors.js';
 import { DeferredJson, materialized } from '../../protocol/deferred-json.js';
 import { LosslessNumber, OrderedObject, stringifyLossless } from '../../protocol/lossless-json.js';
 import { MANIFEST_FILE, type CheckpointRecord } from '../../protocol/manifest.js';
-import { deferMinBytes, participantDir, readRecords, startRecordsWrite, writeRecords } from '../../servers/control/storage/index.js';
+import { participantDir } from '../../servers/control/storage/paths.js';
+import { deferMinBytes, readRecords } from '../../servers/control/storage/reader.js';
+import { startRecordsWrite, writeRecords } from '../../servers/control/storage/writer.js';
 import { sleep } from '../helpers/wait.js';
 
 const KIND = 'environment';

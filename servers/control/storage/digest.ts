@@ -9,7 +9,6 @@ let nextStream = 0;
 export class RecordsDigest {
   private readonly stream = ++nextStream;
   private held: { data: Buffer; hashed: () => void } | undefined;
-  private offloaded = false;
   private chunks = 0;
   private bytes = 0;
   private last: Promise<void> = Promise.resolve();
@@ -17,25 +16,18 @@ export class RecordsDigest {
   /** Resolves once `data` is hashed (its memory may then be reused). */
   update(data: Buffer): Promise<void> {
     this.bytes += data.length;
-    if (this.chunks++ === 0) {
-      return new Promise<void>((hashed) => {
-        this.held = { data, hashed };
-      });
-    }
+    if (this.chunks++ === 0) return new Promise<void>((hashed) => (this.held = { data, hashed }));
     const held = this.held;
     this.held = undefined;
-    this.offloaded = true;
     if (held) void this.send(held.data).then(held.hashed, held.hashed);
     return this.send(data);
   }
 
   async digest(): Promise<string> {
-    if (!this.offloaded) {
-      const hex = createHash('sha256')
-        .update(this.held?.data ?? Buffer.alloc(0))
-        .digest('hex');
+    if (this.chunks < 2) {
+      const hash = createHash('sha256').update(this.held?.data ?? Buffer.alloc(0));
       this.held?.hashed();
-      return hex;
+      return hash.digest('hex');
     }
     await this.last;
     const { bytes, hex } = await runHash({ op: 'digest', stream: this.stream });
@@ -47,17 +39,14 @@ export class RecordsDigest {
   /** Frees an abandoned stream's state in the hash thread. */
   drop(): void {
     this.held?.hashed();
-    if (this.offloaded) void this.last.then(() => runHash({ op: 'drop', stream: this.stream })).catch(() => {});
+    if (this.chunks > 1) void this.last.then(() => runHash({ op: 'drop', stream: this.stream })).catch(() => {});
   }
 
   /** One update at a time: the pool does not keep the order of queued tasks. */
   private send(data: Buffer): Promise<void> {
-    const sent = this.last.then(() => runHash({ op: 'update', stream: this.stream, data }));
-    this.last = sent.then(
-      () => {},
-      () => {},
-    );
-    return sent.then(() => {});
+    const sent = this.last.then(() => runHash({ op: 'update', stream: this.stream, data })).then(() => {});
+    this.last = sent.catch(() => {});
+    return sent;
   }
 }
 

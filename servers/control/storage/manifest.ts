@@ -1,24 +1,20 @@
-// The participant manifest (§9.2, §9.5 step 6): built from the written records, created once and
-// never replaced (a hard link never replaces a name, so of two racing writers exactly one
-// publishes), and checked field by field when read (§9.6 steps 1–2).
+// The participant manifest (§9.2, §9.5 step 6): created once and never replaced (a hard link never
+// replaces a name, so of two racing writers exactly one publishes), and checked field by field
+// when read (§9.6 steps 1–2).
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { isDeepStrictEqual } from 'node:util';
 import { sortKeysDeep } from '../../../protocol/canonical-json.js';
 import { refuse } from '../../../protocol/errors.js';
-import { LosslessNumber, parseLossless, toPlainJson } from '../../../protocol/lossless-json.js';
-import { MANIFEST_FILE, RECORDS_FILE_PATTERN, SCHEMA_VERSION, recordsFileName, type Manifest } from '../../../protocol/manifest.js';
+import { LosslessNumber, parseLossless } from '../../../protocol/lossless-json.js';
+import { MANIFEST_FILE, ManifestSchema, RECORDS_FILE_PATTERN, SCHEMA_VERSION, type Manifest } from '../../../protocol/manifest.js';
 import { fsyncPath } from '../../common/durable-files.js';
-import { isPlainObject } from './record-lines.js';
 import { describeValue, tempPath } from './paths.js';
-
-const CORE_FIELDS = ['schema_version', 'kind', 'instance', 'checkpoint_id', 'records_file', 'records_sha256', 'record_count'];
-const SHA256_HEX = /^[0-9a-f]{64}$/;
+import { isPlainObject } from './record-lines.js';
 
 /** Kind-specific manifest fields, checked before anything is written: plain JSON, no core field. */
 export function manifestExtras(extras: Record<string, unknown> | undefined): Record<string, unknown> {
   if (!extras) return {};
-  for (const key of CORE_FIELDS) {
+  for (const key of Object.keys(ManifestSchema.shape)) {
     if (Object.hasOwn(extras, key)) throw refuse('invalid_checkpoint_state', `manifest extras may not set ${key}`);
   }
   try {
@@ -29,33 +25,8 @@ export function manifestExtras(extras: Record<string, unknown> | undefined): Rec
   }
 }
 
-export interface ManifestFields {
-  kind: string;
-  instance: string;
-  checkpointId: string;
-  extras: Record<string, unknown>;
-  sha256: string;
-  count: number;
-}
-
-export function buildManifest(f: ManifestFields): Manifest {
-  return {
-    ...f.extras,
-    schema_version: SCHEMA_VERSION,
-    kind: f.kind,
-    instance: f.instance,
-    checkpoint_id: f.checkpointId,
-    records_file: recordsFileName(f.sha256),
-    records_sha256: f.sha256,
-    record_count: f.count,
-  };
-}
-
-/**
- * Creates `manifest.json` only if absent: temp file, fsync, hard link, fsync the directory.
- * Returns 'created', or the manifest that was already there.
- */
-export async function publishManifest(dir: string, manifest: Manifest): Promise<'created' | Record<string, unknown>> {
+/** Creates `manifest.json` only if absent (durably: fsynced, as is its directory); returns `manifest`, or the one already there. */
+export async function publishManifest(dir: string, manifest: Manifest): Promise<Record<string, unknown>> {
   const tmp = tempPath(dir, MANIFEST_FILE);
   const target = path.join(dir, MANIFEST_FILE);
   let created = false;
@@ -79,16 +50,11 @@ export async function publishManifest(dir: string, manifest: Manifest): Promise<
   }
   if (created) {
     await fsyncPath(dir);
-    return 'created';
+    return manifest;
   }
   const existing = await readManifestObject(dir);
   if (!existing) throw refuse('invalid_checkpoint_state', `${target} exists but is not a JSON object`);
   return existing;
-}
-
-/** Whole-manifest equality: key order ignored, 1 equals 1.0 (as in Python). */
-export function manifestsEqual(a: unknown, b: unknown): boolean {
-  return isDeepStrictEqual(toPlainJson(a), toPlainJson(b));
 }
 
 /** The manifest of a participant dir, every core field checked (§9.6 steps 1–2). */
@@ -104,7 +70,7 @@ export async function readManifest(dir: string, kind: string, instance: string, 
   if (typeof m.checkpoint_id !== 'string') throw bad('checkpoint_id is not a string');
   if (typeof m.records_file !== 'string') throw bad('records_file is missing or not a string');
   if (!RECORDS_FILE_PATTERN.test(m.records_file)) throw bad(`records_file ${JSON.stringify(m.records_file)} is not a records file name`);
-  if (typeof m.records_sha256 !== 'string' || !SHA256_HEX.test(m.records_sha256)) throw bad('records_sha256 is not a lowercase SHA-256 hex digest');
+  if (!ManifestSchema.shape.records_sha256.safeParse(m.records_sha256).success) throw bad('records_sha256 is not a lowercase SHA-256 hex digest');
   const count = m.record_count;
   if (typeof count !== 'number' || !Number.isSafeInteger(count) || count < 0) throw bad('record_count is not a non-negative integer');
   return { ...m, schema_version: SCHEMA_VERSION } as Manifest;

@@ -7,13 +7,8 @@ import { stringifyLossless } from '../../../protocol/lossless-json.js';
 
 /** `<checkpoint_dir>/gym/<kind>/<instance>`; refuses unsafe path components (§9.1). */
 export function participantDir(checkpointDir: string, kind: string, instance: string): string {
-  for (const [what, v] of [
-    ['kind', kind],
-    ['instance', instance],
-  ] as const) {
-    if (typeof v !== 'string' || !isSafePathComponent(v)) {
-      throw refuse('invalid_checkpoint_state', `${what} ${JSON.stringify(v)} is not a safe path component`);
-    }
+  for (const [what, v] of Object.entries({ kind, instance })) {
+    if (typeof v !== 'string' || !isSafePathComponent(v)) throw refuse('invalid_checkpoint_state', `${what} ${JSON.stringify(v)} is not a safe path component`);
   }
   return path.join(checkpointDir, 'gym', kind, instance);
 }

@@ -69,8 +69,6 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       throw refuse('invalid_checkpoint_state', `records file ${manifest.records_file} of ${where} is missing`);
     });
     const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
-    let count = 0;
-    let sha256 = '';
     try {
       const size = (await fh.stat()).size;
       const field = !opts.countOnly && size >= (opts.deferMinBytes ?? deferMinBytes()) ? opts.defer : undefined;
@@ -82,7 +80,7 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       for await (const chunk of wholeLineChunks(fh, size)) {
         hashed.push(digest.update(chunk));
         hashed.at(-1)!.catch(() => {}); // awaited after the digest, which releases a held first chunk
-        if (opts.countOnly) count += linesIn(chunk);
+        if (opts.countOnly) lines.count += linesIn(chunk);
         else if (field === undefined) {
           lines.parseChunk(chunk);
           // Parsing a chunk takes tens of ms: let control routes in between.
@@ -96,19 +94,18 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
         }
       }
       await applied;
-      sha256 = await digest.digest();
+      const sha256 = await digest.digest();
       await Promise.all(hashed);
+      if (sha256 !== manifest.records_sha256) {
+        throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
+      }
+      if (lines.count !== manifest.record_count) {
+        throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${lines.count} records, manifest says ${manifest.record_count}`);
+      }
+      return { manifest, records: lines.kept };
     } finally {
       await fh.close().catch(() => {});
     }
-    if (sha256 !== manifest.records_sha256) {
-      throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
-    }
-    if (!opts.countOnly) count = lines.count;
-    if (count !== manifest.record_count) {
-      throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${count} records, manifest says ${manifest.record_count}`);
-    }
-    return { manifest, records: lines.kept };
   } catch (err) {
     digest.drop();
     throw storageError(err, `reading the records of ${where}`);

@@ -36,7 +36,7 @@ export class RecordLines {
     for (let start = 0; start < chunk.length; ) {
       let end = chunk.indexOf(10, start);
       if (end < 0) end = chunk.length;
-      this.parseLine(chunk.subarray(start, end));
+      this.parseLine(chunk.subarray(start, end), ++this.count);
       start = end + 1;
     }
   }
@@ -46,7 +46,6 @@ export class RecordLines {
    * deferred `field`, whose bytes stay unparsed) or, where native JSON would misread them, are parsed here.
    */
   takeScanned(chunk: Buffer, scanned: ScannedChunk, field: string): void {
-    const base = this.count;
     const { noted, envelopes } = scanned;
     let keptBytes = 0;
     for (let i = 0; i < noted.length; i += 4) if (noted[i + 3]! >= 0) keptBytes += noted[i + 2]! - noted[i + 1]!;
@@ -54,29 +53,25 @@ export class RecordLines {
     const copy = keptBytes * 2 < chunk.length;
     for (let i = 0; i < noted.length; i += 4) {
       const line = chunk.subarray(noted[i + 1]!, noted[i + 2]!);
-      this.count = base + noted[i]! - 1;
       if (noted[i + 3]! < 0) {
-        this.parseLine(line);
+        this.parseLine(line, this.count + noted[i]!);
         continue;
       }
       const record = JSON.parse(envelopes[noted[i + 3]!]!) as CheckpointRecord;
       const ep = decodeEpisodeId(record.episode_id)!; // the worker checked it
       record.episode_id = ep;
       record[field] = new DeferredJson(copy ? Buffer.from(line) : line, field);
-      this.count += 1;
       this.keep(record, captureKey(ep));
     }
-    this.count = base + scanned.lines;
+    this.count += scanned.lines;
   }
 
-  private parseLine(bytes: Buffer): void {
-    const n = ++this.count;
-    const notJson = (err: unknown) => refuse('invalid_checkpoint_state', `line ${n} of ${this.file} is not JSON: ${(err as Error).message}`);
+  private parseLine(bytes: Buffer, n: number): void {
     let value: unknown;
     try {
       value = parseLossless(jsonTextOfUtf8(bytes));
     } catch (err) {
-      throw notJson(err);
+      throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} is not JSON: ${(err as Error).message}`);
     }
     const ep = isPlainObject(value) ? decodeEpisodeId(value.episode_id) : undefined;
     if (!ep) throw refuse('invalid_checkpoint_state', `line ${n} of ${this.file} has no valid episode_id`);

@@ -5,7 +5,7 @@ import os from 'node:os';
 import { Piscina } from 'piscina';
 import type { ScanTask, ScannedChunk } from './worker.js';
 
-export type HashTask = { op: 'update'; stream: number; data: Uint8Array } | { op: 'digest' | 'drop'; stream: number };
+type HashTask = { op: 'update'; stream: number; data: Uint8Array } | { op: 'digest' | 'drop'; stream: number };
 
 const scanFilename = new URL('./worker-entry.mjs', import.meta.url).href;
 const hashFilename = new URL('./hash-thread.mjs', import.meta.url).href;

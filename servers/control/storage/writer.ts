@@ -1,12 +1,15 @@
 // The commit write (§9.5): records streamed once into a hidden temp file (records-sink.ts), then
-// the file fsynced and renamed to its digest name, the directories fsynced, the manifest published last.
+// the file fsynced and renamed to its digest name, the directories fsynced, the manifest published
+// last. Every failure is a typed `invalid_checkpoint_state` (§9.7); the temp file never outlives a call.
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 import { refuse } from '../../../protocol/errors.js';
-import type { Manifest } from '../../../protocol/manifest.js';
+import { toPlainJson } from '../../../protocol/lossless-json.js';
+import { SCHEMA_VERSION, recordsFileName, type Manifest } from '../../../protocol/manifest.js';
 import { Mutex } from '../../common/async.js';
 import { fsyncPath } from '../../common/durable-files.js';
-import { buildManifest, manifestExtras, manifestsEqual, publishManifest } from './manifest.js';
+import { manifestExtras, publishManifest } from './manifest.js';
 import { participantDir, storageError, tempPath } from './paths.js';
 import { RecordsSink } from './records-sink.js';
 
@@ -39,7 +42,6 @@ export function startRecordsWrite(opts: RecordsWriteOptions): RecordsWrite {
   return { done, stop: () => lock.run(() => void (flag.stopped = true)) };
 }
 
-/** `startRecordsWrite` and wait for its manifest. */
 export function writeRecords(opts: RecordsWriteOptions): Promise<Manifest> {
   return startRecordsWrite(opts).done;
 }
@@ -68,7 +70,16 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
         if (wait) await wait;
       }
     const { sha256, count } = await sink.finish();
-    const manifest = buildManifest({ kind: opts.kind, instance: opts.instance, checkpointId: opts.checkpointId, extras, sha256, count });
+    const manifest: Manifest = {
+      ...extras,
+      schema_version: SCHEMA_VERSION,
+      kind: opts.kind,
+      instance: opts.instance,
+      checkpoint_id: opts.checkpointId,
+      records_file: recordsFileName(sha256),
+      records_sha256: sha256,
+      record_count: count,
+    };
     // A host crash must not lose a directory entry under a published manifest.
     const kindDir = path.dirname(dir);
     await Promise.all([dir, kindDir, path.dirname(kindDir), opts.checkpointDir].map(fsyncPath));
@@ -79,8 +90,8 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
       await fsp.rename(tmp!, recordsPath); // an identical same-named file may be replaced
       tmp = undefined;
       const published = await publishManifest(dir, manifest);
-      if (published === 'created') return manifest;
-      if (manifestsEqual(published, manifest)) return published as Manifest; // an idempotent re-commit
+      // Ours, or an identical one already there (an idempotent re-commit): key order ignored, 1 equals 1.0 (as in Python).
+      if (published === manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(manifest))) return published as Manifest;
       if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
       const other = JSON.stringify(published.checkpoint_id);
       throw refuse('invalid_checkpoint_state', `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${other})`);
