@@ -174,7 +174,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
         workflowBundle: attemptBundle,
         activities: { runEpisode: activities.runEpisode },
         maxConcurrentWorkflowTaskExecutions: 64,
-        maxCachedWorkflows: 8_000,
+        // An attempt waits on its `/run` nearly all its life, and its history is a dozen events:
+        // replaying it when its `/run` ends is cheap, and thousands of idle attempts held in the
+        // cache cost the worker's memory (docs/performance.md, controller-scale at 8,000).
+        maxCachedWorkflows: 1_000,
         // Each /run holds a slot for its whole duration; they are I/O-bound.
         maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
         maxConcurrentActivityTaskPolls: 20,
