@@ -81,7 +81,7 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
       }
       assertRestorable();
       for (const s of [...core.sessions.values()]) core.sessions.remove(s);
-      for (const s of sessions) core.sessions.add(s);
+      for (const s of sessions) core.sessions.addRestored(s);
       core.notify();
       return sortedKeys(sessions.map((s) => sessionCaptureKey(s)!));
     },

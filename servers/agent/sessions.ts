@@ -104,6 +104,16 @@ export class SessionTable {
     this.sessions.set(s.key, s);
   }
 
+  /**
+   * Installs a restored session. It supersedes a close receipt of an earlier attempt under the
+   * same key: in an agent that outlived the crash, the dead attempt may have closed it (chaos seed
+   * 701: the replacement's own close was then refused as stale and its cohort never verified).
+   */
+  addRestored(s: AgentSession): void {
+    this.receipts.delete(s.key);
+    this.sessions.set(s.key, s);
+  }
+
   /** Removes this very session (not a newer one registered under the same key). */
   remove(s: AgentSession): void {
     if (this.sessions.get(s.key) === s) this.sessions.delete(s.key);

@@ -509,6 +509,56 @@ describe('agent server (simple_agent)', () => {
     }
   });
 
+  it('an agent that outlived the crash takes the restored session back although the dead attempt closed it (chaos seed 701)', async () => {
+    const dir = tempDir('agent-survivor');
+    try {
+      const agent = await startAgent(model.url);
+      const s = await seed(agent, 'surv1');
+      model.holdNext().release();
+      const hold = model.holdNext();
+      const act = activate(agent, 'surv1', s.cookies);
+      act.catch(() => undefined);
+      await hold.arrived;
+      await agent.control('prepare', { checkpoint_id: 'ck-surv' });
+      hold.release();
+      await sleep(100);
+      const commit = await agent.control('commit', { checkpoint_id: 'ck-surv', checkpoint_dir: dir, episode_ids: [{ rollout_id: 'surv1', attempt: 0 }] });
+      expect(commit.body.episode_ids).toEqual(['surv1']);
+      await agent.control('resume', { checkpoint_id: 'ck-surv' });
+      await act;
+      // Attempt 0 fails another way (its model died) and its harness closes the session here.
+      const dead = await callJson<any>(
+        agent.url,
+        '/v1/agent_sessions/close',
+        { agent_session_id: sessionId('surv1'), episode_id: { rollout_id: 'surv1', attempt: 0 } },
+        { rollout: 'surv1' },
+      );
+      expect(dead.status).toBe(200);
+      // Recovery restores the saved turn into this same process as attempt 1.
+      const restore = await agent.control('restore', { checkpoint_id: 'rs-surv', checkpoint_dir: dir, episode_ids: [{ rollout_id: 'surv1', attempt: 0 }] });
+      expect(restore.body.restored).toEqual(['surv1-a1']);
+      await agent.control('resume', { checkpoint_id: 'rs-surv' });
+      expect((await activate(agent, 'surv1-a1', s.cookies, '1')).status).toBe(200);
+      const close = await callJson<any>(
+        agent.url,
+        '/v1/agent_sessions/close',
+        { agent_session_id: sessionId('surv1'), episode_id: { rollout_id: 'surv1', attempt: 1 } },
+        { rollout: 'surv1-a1' },
+      );
+      expect(close.status).toBe(200);
+      // The dead attempt's retried close is still refused: the session is the replacement's.
+      const late = await callJson<any>(
+        agent.url,
+        '/v1/agent_sessions/close',
+        { agent_session_id: sessionId('surv1'), episode_id: { rollout_id: 'surv1', attempt: 0 } },
+        { rollout: 'surv1' },
+      );
+      expect(late.body.error?.code).toBe('stale_attempt');
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('retire stops a running activation and refuses the attempt afterwards', async () => {
     const agent = await startAgent(model.url);
     const s = await seed(agent, 'ret1');

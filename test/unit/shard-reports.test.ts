@@ -160,6 +160,51 @@ describe('applyReports', () => {
     expect(applyReports(sib, cfg).toStop).toEqual([]);
   });
 
+  it('a group-scored cohort member given up gives up its mates: those running are stopped first, the group is handed over once all reported (chaos seed 701)', () => {
+    const st = runWithGroup(3, 'prompt_group');
+    st.reports = [failed(ep('reports.p0.g0'), { terminal: true, reason: 'close refused' })];
+    const { toStop, gaveUp } = applyWithGymUp(st);
+    expect(gaveUp).toEqual([{ key: 'reports.p0.g0', reason: 'close refused' }]);
+    expect(toStop.map((f) => f.workflowId).sort()).toEqual(['wf/reports.p0.g1', 'wf/reports.p0.g2']);
+    const group = st.ledger.groups['reports.p0']!;
+    expect(group.status).toBe('generating');
+    expect(st.sealed).toEqual([]);
+    // Their stop reports (retired, or a failure on the way) give them up too, uncharged.
+    st.reports = [
+      failed(ep('reports.p0.g1'), { status: 'retired', reason: 'its cohort starts over' }),
+      failed(ep('reports.p0.g2'), { reason: 'verify cancelled' }),
+    ];
+    const later = applyWithGymUp(st);
+    expect(later.gaveUp.map((g) => g.key)).toEqual(['reports.p0.g1', 'reports.p0.g2']);
+    expect(later.gaveUp[0]!.reason).toContain('reports.p0.g0');
+    expect(st.failed).toBe(1);
+    for (const sib of group.siblings) expect(L.currentAttempt(sib)).toMatchObject({ gym_attempt: 0, status: 'sealed', reward: 0, mask_sample: true });
+    expect(group.status).toBe('ready_to_finalize');
+    expect(st.sealed).toEqual([0]);
+    expect(Object.keys(st.inFlight)).toEqual([]);
+  });
+
+  it('a cohort given up before its next attempts started gives those up at once', () => {
+    const st = runWithGroup(2, 'prompt_group');
+    st.reports = [failed(ep('reports.p0.g0'))];
+    applyWithGymUp(st); // the cohort starts over as attempt 1, not dispatched yet
+    const group = st.ledger.groups['reports.p0']!;
+    L.markDispatched(group, group.siblings[0]!, 'counter_env');
+    st.inFlight['reports.p0.g0-a1'] = {
+      episode: ep('reports.p0.g0', 1),
+      groupId: group.group_id,
+      environment: 'counter_env',
+      workflowId: 'wf/a1',
+      stopSignalled: false,
+    };
+    st.reports = [failed(ep('reports.p0.g0', 1))];
+    const { gaveUp, toStop } = applyWithGymUp(st);
+    expect(gaveUp.map((g) => g.key)).toEqual(['reports.p0.g0-a1', 'reports.p0.g1-a1']);
+    expect(toStop).toEqual([]);
+    expect(group.status).toBe('ready_to_finalize');
+    expect(st.sealed).toEqual([0]);
+  });
+
   it('the last sibling sealed queues its group for the run once, with its live rewards', () => {
     const st = runWithGroup(2);
     st.reports = [report(ep('reports.p0.g0'), { reward: 1 })];

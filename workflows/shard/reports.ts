@@ -48,6 +48,7 @@ export function applyReports(st: ShardState, maxAttempts: number): AppliedReport
     }
     const found = currentSibling(st, r);
     if (!found) continue;
+    if (mateOfGivenUp(st, found, r, out)) continue;
     // A retired one too: during a recovery only a cohort broken by the crash is stopped.
     if (r.reason === GYM_RESTARTED || ((r.status === 'failed' || r.status === 'retired') && inRecovery(st))) {
       // Not the attempt's fault: the Gym process under it restarted. Recovery decides whether
@@ -89,6 +90,7 @@ export function settleFailures(st: ShardState, maxAttempts: number, gymCrashed: 
   for (const r of failures) {
     const found = currentSibling(st, r);
     if (!found) continue;
+    if (mateOfGivenUp(st, found, r, out)) continue;
     if (!gymCrashed) {
       chargeFailure(st, maxAttempts, r, out);
       continue;
@@ -125,6 +127,7 @@ function chargeFailure(st: ShardState, maxAttempts: number, r: RolloutReport, ou
     // Give up on this sibling: a masked zero-reward placeholder keeps its group trainable.
     L.sealAttempt(st.ledger, r.episode, 0, true);
     out.gaveUp.push({ key, reason: r.reason });
+    if (found.group.recovery_granularity === 'prompt_group') giveUpCohort(st, found.group, key, out);
     announceIfSealed(st, r);
     return;
   }
@@ -137,4 +140,44 @@ function chargeFailure(st: ShardState, maxAttempts: number, r: RolloutReport, ou
     const flight = prev && st.inFlight[captureKey(L.episodeOfAttempt(s, prev))];
     if (flight && !flight.stopSignalled) out.toStop.push(flight);
   }
+}
+
+/**
+ * A cohort that re-forms only whole cannot be scored without a member given up, so the others are
+ * given up with it: those not started at once, those running stopped first (or they would wait in
+ * /verify for a cohort that never forms: chaos seed 701, the run hung at its step) and given up
+ * when they report, so that the group is handed over (and forgotten in Gym) only once none runs.
+ */
+function giveUpCohort(st: ShardState, group: L.PromptGroup, gaveUpKey: string, out: AppliedReports): void {
+  for (const s of group.siblings) {
+    const cur = L.currentAttempt(s);
+    const key = L.siblingKey(s);
+    if (cur.status === 'reserved') {
+      sealMasked(cur);
+      out.gaveUp.push({ key, reason: `its cohort cannot form without ${gaveUpKey}` });
+      continue;
+    }
+    const flight = cur.status === 'dispatched' ? st.inFlight[key] : undefined;
+    if (flight && !flight.stopSignalled && !out.toStop.includes(flight)) out.toStop.push(flight);
+  }
+  if (group.siblings.every((s) => L.currentAttempt(s).status === 'sealed')) group.status = 'ready_to_finalize';
+}
+
+/** The report of a cohort-mate of a sibling given up (giveUpCohort): given up too, whatever it says, never charged. */
+function mateOfGivenUp(st: ShardState, found: NonNullable<ReturnType<typeof currentSibling>>, r: RolloutReport, out: AppliedReports): boolean {
+  const { group } = found;
+  if (group.recovery_granularity !== 'prompt_group') return false;
+  const givenUp = group.siblings.find((s) => s !== found.sibling && L.currentAttempt(s).status === 'sealed' && L.currentAttempt(s).mask_sample === true);
+  if (!givenUp) return false;
+  sealMasked(L.currentAttempt(found.sibling));
+  out.gaveUp.push({ key: captureKey(r.episode), reason: `its cohort cannot form without ${L.siblingKey(givenUp)}` });
+  if (group.siblings.every((s) => L.currentAttempt(s).status === 'sealed')) group.status = 'ready_to_finalize';
+  announceIfSealed(st, r);
+  return true;
+}
+
+function sealMasked(a: L.Attempt): void {
+  a.status = 'sealed';
+  a.reward = 0;
+  a.mask_sample = true;
 }
