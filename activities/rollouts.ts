@@ -7,7 +7,7 @@ import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef }
 import { errorCodeOf } from '../protocol/errors.js';
 import { captureKey } from '../protocol/ids.js';
 import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
-import { RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
+import { INSTANCE_HEADER, RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
 import { groupIdOf, siblingTask, taskAt } from './dataset.js';
 import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
 import { joinUrl } from './control-client.js';
@@ -114,7 +114,7 @@ export function createRolloutActivities(runPool: Dispatcher) {
             dispatcher: runPool,
             headers: {
               'content-type': 'application/json',
-              ...(input.expectedInstance ? { 'x-ng-instance-id': input.expectedInstance } : {}),
+              ...(input.expectedInstance ? { [INSTANCE_HEADER]: input.expectedInstance } : {}),
               ...traceHeaders(),
             },
             body,

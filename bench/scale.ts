@@ -2,7 +2,7 @@
 //
 //   npm run bench -- scale [--rollouts 500] [--rollouts 8000 --rollouts 16000]
 //                          [--window 256] [--finished-fraction 0.05] [--seed 7] [--keep]
-//                          [--shards 1] [--profile <dir>]
+//                          [--shards 1] [--workers 1] [--profile <dir>]
 //
 // The deployment (launcher, one process per server): tiny-policy inference, the policy model as
 // a participant, Simple Agent, weather (stateless) and counter (exported session state)
@@ -26,6 +26,10 @@
 // of resources servers). A held episode keeps a connection open on every hop, so the agent and
 // the model need two file descriptors per episode: one copy tops out near ulimit -n / 2 held
 // episodes (20,000 here: ~9,900), and the benchmark refuses a size that does not fit.
+//
+// --workers w: the environment servers, agent and policy model each run as w worker processes
+// behind their one URL (docs/multi-worker.md): the front holds one descriptor per held episode,
+// each worker two per episode it owns.
 //
 // --profile <dir>: the restored Gym processes are CPU-profiled from start to exit (a preload
 // module; a SIGKILLed process writes no profile, and NODE_OPTIONS refuses --cpu-prof); their
@@ -80,7 +84,7 @@ export const BACKEND_SALT = 1;
  * k ≥ 2 — in front of the one backend and the one pair of resources servers. `tokenDelayMs`: the
  * backend waits this long per generated token (longer rollouts; 0 = as fast as it can).
  */
-export function gymYaml(opts: { checkpoint?: boolean; shards?: number; tokenDelayMs?: number } = {}): string {
+export function gymYaml(opts: { checkpoint?: boolean; shards?: number; workers?: number; tokenDelayMs?: number } = {}): string {
   const on = opts.checkpoint ?? true;
   const lines = [
     'checkpoint:',
@@ -91,13 +95,14 @@ export function gymYaml(opts: { checkpoint?: boolean; shards?: number; tokenDela
     '  weather:        { kind: resources, type: weather }',
     '  counter:        { kind: resources, type: counter }',
   ];
+  const w = (opts.workers ?? 1) > 1 ? `, workers: ${opts.workers}` : '';
   for (let k = 1; k <= (opts.shards ?? 1); k++) {
     const n = (base: string): string => shardName(base, k);
     lines.push(
-      `  ${n('policy_model')}: { kind: model, options: { backend: policy_backend, checkpoint_policy: ${on} } }`,
-      `  ${n('simple_agent')}: { kind: agent, options: { model: ${n('policy_model')}, max_steps: 8 } }`,
-      `  ${n('weather_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: weather } }`,
-      `  ${n('counter_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: counter } }`,
+      `  ${n('policy_model')}: { kind: model, options: { backend: policy_backend, checkpoint_policy: ${on} }${w} }`,
+      `  ${n('simple_agent')}: { kind: agent, options: { model: ${n('policy_model')}, max_steps: 8 }${w} }`,
+      `  ${n('weather_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: weather }${w} }`,
+      `  ${n('counter_env')}: { kind: environment, options: { agent: ${n('simple_agent')}, resources: counter }${w} }`,
     );
   }
   return `${lines.join('\n')}\n`;
@@ -388,9 +393,10 @@ process.on('exit', () => {
  * backend one per held episode. Past the process limit (`ulimit -n`) accepts fail and the
  * dispatch stalls: refuse up front, naming the way out.
  */
-function checkDescriptors(held: number, shards: number): void {
+function checkDescriptors(held: number, shards: number, workers: number): void {
   const limit = Number(/Max open files\s+(\d+)/.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? Infinity);
-  const perShard = 2 * Math.ceil(held / shards) + 200;
+  // With workers, a front holds one per episode of its shard and each worker two per episode it owns.
+  const perShard = workers > 1 ? Math.max(Math.ceil(held / shards), 2 * Math.ceil(held / shards / workers)) + 200 : 2 * Math.ceil(held / shards) + 200;
   const need = Math.max(perShard, held + 200);
   if (need > limit) {
     const shardsNeeded = Math.ceil((2 * held) / (limit - 200));
@@ -512,6 +518,8 @@ export interface ScaleOptions {
   keep: boolean;
   /** Copies of the environment servers, agent and policy model (see gymYaml). */
   shards: number;
+  /** Worker processes of each environment server, the agent and the policy model (see gymYaml). */
+  workers: number;
   /** CPU profiles of the restored Gym processes go here; adds a second checkpoint (see the header). */
   profileDir?: string;
   log: (line: string) => void;
@@ -536,12 +544,12 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   try {
     const tPlan = performance.now();
     const planned = planRollouts(n, { seed: o.seed, prefix: `scale${n}`, finishedFraction: o.finishedFraction, shards: o.shards });
-    checkDescriptors(n - planned.filter((p) => p.oneCall).length, o.shards);
+    checkDescriptors(n - planned.filter((p) => p.oneCall).length, o.shards, o.workers);
     const oneCall = planned.filter((p) => p.oneCall).length;
     const expectedCallsAtHold = planned.reduce((s, p) => s + Math.min(2, p.expected.calls), 0);
     o.log(`  planned ${n} rollouts (${oneCall} finish at once) in ${t(performance.now() - tPlan)} s`);
 
-    await writeFile(join(dir, 'gym.yaml'), gymYaml({ shards: o.shards }));
+    await writeFile(join(dir, 'gym.yaml'), gymYaml({ shards: o.shards, workers: o.workers }));
     const tUp = performance.now();
     const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
     const endpoints = up.endpoints;
@@ -767,6 +775,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const row: Row = {
       rollouts: n,
       shards: o.shards,
+      workers: o.workers,
       held: n - oneCall,
       finished_before: finishedBefore.size,
       exported: exported.length,
@@ -834,6 +843,7 @@ async function main(): Promise<void> {
       keep: { type: 'boolean', default: false },
       profile: { type: 'string' },
       shards: { type: 'string', default: '1' },
+      workers: { type: 'string', default: '1' },
     },
   });
   const rows: Row[] = [];
@@ -849,6 +859,7 @@ async function main(): Promise<void> {
       seed: Number(values.seed),
       keep: values.keep!,
       shards: Math.max(1, Number(values.shards)),
+      workers: Math.max(1, Number(values.workers)),
       ...(values.profile ? { profileDir: resolve(values.profile) } : {}),
       log: (l) => console.log(l),
     });
@@ -871,8 +882,9 @@ async function main(): Promise<void> {
   const last = rows[rows.length - 1]!;
   // Sharded deployments are another configuration: kept apart from the single copy's result.
   const shards = Number(last.shards);
+  const workers = Number(last.workers);
   const file = writeBenchResult(
-    shards > 1 ? `scale-shards-${shards}` : 'scale',
+    shards > 1 ? `scale-shards-${shards}` : workers > 1 ? `scale-workers-${workers}` : 'scale',
     {
       rollouts: Number(last.rollouts),
       exported: Number(last.exported),

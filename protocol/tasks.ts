@@ -34,6 +34,9 @@ export const TaskSchema = z.strictObject({
 export type Task = z.infer<typeof TaskSchema>;
 
 /** `SingleAgentTurnRequest`. */
+/** Ours: the header a controller sets on `/run` with the environment's `instance_id` it discovered. */
+export const INSTANCE_HEADER = 'x-ng-instance-id';
+
 export const RunRequestSchema = z.strictObject({
   episode_id: EpisodeIdSchema,
   task: TaskSchema,

@@ -15,7 +15,7 @@ import { describeFault, drawSchedule, FAULT_KINDS, type FaultKind } from './chao
 import { ChaosWorld } from './chaos/world.js';
 import { projectRoot } from './temporal-paths.mjs';
 
-const USAGE = 'usage: npm run chaos -- [--schedules N] [--seed S] [--dir DIR] [--keep]';
+const USAGE = 'usage: npm run chaos -- [--schedules N] [--seed S] [--dir DIR] [--keep] [--workers W]';
 
 function line(r: ScheduleResult): string {
   const faults = r.injected.map(describeFault).join('; ') || 'none fired';
@@ -47,6 +47,7 @@ async function main(): Promise<number> {
         seed: { type: 'string', default: '1' },
         dir: { type: 'string', default: join(projectRoot, '.data', 'chaos') },
         keep: { type: 'boolean', default: false },
+        workers: { type: 'string', default: '1' },
         help: { type: 'boolean', short: 'h' },
       },
     }));
@@ -60,8 +61,9 @@ async function main(): Promise<number> {
   }
   const n = Number(values.schedules);
   const seed = Number(values.seed);
-  if (!Number.isSafeInteger(n) || n < 1 || !Number.isSafeInteger(seed) || seed < 0) {
-    console.error(`--schedules must be an integer ≥ 1 and --seed an integer ≥ 0\n${USAGE}`);
+  const workers = Number(values.workers);
+  if (!Number.isSafeInteger(n) || n < 1 || !Number.isSafeInteger(seed) || seed < 0 || !Number.isSafeInteger(workers) || workers < 1) {
+    console.error(`--schedules and --workers must be integers ≥ 1 and --seed an integer ≥ 0\n${USAGE}`);
     return 2;
   }
   const controlToken = randomBytes(16).toString('hex');
@@ -81,8 +83,8 @@ async function main(): Promise<number> {
   const results: ScheduleResult[] = [];
   try {
     for (let i = 0; i < n; i++) {
-      const schedule = drawSchedule(seed + i, { servers });
-      const r = await runSchedule(schedule, { world, dir: join(dir, `seed-${schedule.seed}`), controlToken, log, keep: values.keep });
+      const schedule = drawSchedule(seed + i, { servers, workers });
+      const r = await runSchedule(schedule, { world, dir: join(dir, `seed-${schedule.seed}`), controlToken, log, keep: values.keep, workers });
       results.push(r);
       console.log(line(r));
     }

@@ -1,18 +1,30 @@
 // One Gym server process: `tsx servers/main.ts --deployment <yaml> --name <server> --endpoints <json>`.
-// The launcher starts one per server (each its own process group); tests may too.
+// The launcher starts one per server (each its own process group); tests may too. A server with
+// `workers: N > 1` runs as a front on its URL and N workers it starts itself (`--worker i --socket
+// PATH`, docs/multi-worker.md).
 // OTEL_EXPORTER_OTLP_ENDPOINT set: traces its control calls and `/run`s (servers/common/tracing.ts).
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { ConfigError, parseConfig } from './common/config-error.js';
-import { EndpointsSchema, loadDeployment, sessionSecretOf } from './common/deployment.js';
+import { EndpointsSchema, loadDeployment, sessionSecretOf, type Deployment, type ServerEntry } from './common/deployment.js';
+import { serveAsWorker } from './common/app.js';
 import { closeDataAgent } from './common/http-client.js';
 import type { ServerContext } from './common/server-context.js';
 import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing } from './common/tracing.js';
 import { loadServerModule } from './registry.js';
+import { WorkerCoordinator } from './workers/coordinator.js';
+import { buildFront } from './workers/front.js';
+import { announceWorkerReady, spawnWorkers } from './workers/spawn-workers.js';
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: { deployment: { type: 'string' }, name: { type: 'string' }, endpoints: { type: 'string' } },
+    options: {
+      deployment: { type: 'string' },
+      name: { type: 'string' },
+      endpoints: { type: 'string' },
+      worker: { type: 'string' },
+      socket: { type: 'string' },
+    },
   });
   if (!values.deployment || !values.name || !values.endpoints) {
     throw new ConfigError('(arguments)', 'usage: servers/main.ts --deployment <yaml> --name <server> --endpoints <json>');
@@ -33,6 +45,11 @@ async function main(): Promise<void> {
   }
   // Before the app is built: createGymApp adds the tracing hooks only in a process that traces.
   const tracing = await startTracing({ serviceName: values.name, otlpEndpoint, resourceAttributes: { 'gym.kind': entry.kind } });
+  if (entry.workers > 1 && values.worker === undefined) {
+    await runFront(values.name, entry, deployment, me.url, process.argv.slice(1));
+    return;
+  }
+  if (values.worker !== undefined) serveAsWorker();
   const mod = await loadServerModule(values.name, entry);
   const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   const ctx: ServerContext = {
@@ -45,15 +62,42 @@ async function main(): Promise<void> {
     logLevel: process.env.LOG_LEVEL ?? 'info',
   };
   const app = await mod.build(ctx, options);
-  const port = Number(new URL(me.url).port);
-  await app.listen({ host: '127.0.0.1', port });
-  app.log.info({ url: me.url }, 'listening');
+  if (values.socket !== undefined) {
+    await app.listen({ path: values.socket });
+    app.log.info({ worker: Number(values.worker), socket: values.socket }, 'worker listening');
+    announceWorkerReady();
+  } else {
+    await app.listen({ host: '127.0.0.1', port: Number(new URL(me.url).port) });
+    app.log.info({ url: me.url }, 'listening');
+  }
   const shutdown = (): void => {
     void app
       .close()
       .then(closeDataAgent)
       .then(() => tracing?.shutdown())
       .finally(() => process.exit(0));
+  };
+  process.once('SIGTERM', shutdown);
+  process.once('SIGINT', shutdown);
+}
+
+/** The front of a multi-worker server: its workers first, then the server's URL; gone when any worker is. */
+async function runFront(name: string, entry: ServerEntry, deployment: Deployment, url: string, args: string[]): Promise<void> {
+  const workers = await spawnWorkers({ workers: entry.workers, args });
+  const token = deployment.checkpoint.enabled ? deployment.checkpoint.control_auth_token! : undefined;
+  const coordinator = token ? new WorkerCoordinator({ kind: entry.kind, instance: name, token, sockets: workers.sockets }) : undefined;
+  const app = await buildFront({ name, kind: entry.kind, sockets: workers.sockets, coordinator, token, logLevel: process.env.LOG_LEVEL ?? 'info' });
+  await app.listen({ host: '127.0.0.1', port: Number(new URL(url).port) });
+  app.log.info({ url, workers: entry.workers }, 'listening');
+  void workers.lost.then((why) => {
+    // One worker gone is the whole server gone: the controller sees a new instance when it is back.
+    app.log.error({ why }, 'a worker exited; the server stops');
+    workers.kill();
+    process.exit(1);
+  });
+  const shutdown = (): void => {
+    workers.kill();
+    void app.close().finally(() => process.exit(0));
   };
   process.once('SIGTERM', shutdown);
   process.once('SIGINT', shutdown);

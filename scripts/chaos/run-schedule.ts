@@ -9,6 +9,9 @@ import { validateSnapshot } from '../../activities/snapshots.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, signalServers, upDeployment } from '../../servers/launcher/launcher.js';
+import { groupAlive } from '../../servers/launcher/group-liveness.js';
+import { readRunState } from '../../servers/launcher/run-dir.js';
+import { workerPid } from '../../servers/workers/spawn-workers.js';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
 import { ROLLOUT_REWARD, ROLLOUT_STATUS } from '../../workflows/search-attributes.js';
 import type { RunSummary, trainingRun } from '../../workflows/trainingRun.js';
@@ -65,12 +68,15 @@ export interface ScheduleOptions {
   log: (line: string) => void;
   /** Keep the schedule's directory (Gym logs, checkpoints) even when it held. */
   keep?: boolean;
+  /** Worker processes of every Gym server (`workers:` in the deployment; 1 = one process each). */
+  workers?: number;
 }
 
-/** examples/gym.yaml with a token delay on the tiny-policy backend. */
-function writeDeployment(file: string): void {
+/** examples/gym.yaml with a token delay on the tiny-policy backend (and `workers: N` on every Gym server). */
+function writeDeployment(file: string, workers: number): void {
   const doc = parseDocument(readFileSync(join(projectRoot, 'examples/gym.yaml'), 'utf8'));
   doc.setIn(['servers', 'policy_backend', 'options', 'token_delay_ms'], TOKEN_DELAY_MS);
+  if (workers > 1) for (const name of gymServers()) doc.setIn(['servers', name, 'workers'], workers);
   writeFileSync(file, doc.toString());
 }
 
@@ -120,7 +126,7 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
   const env = { GYM_CONTROL_TOKEN: opts.controlToken, LOG_LEVEL: 'warn' };
   const deployment = join(dir, 'gym.yaml');
   mkdirSync(dir, { recursive: true });
-  writeDeployment(deployment);
+  writeDeployment(deployment, opts.workers ?? 1);
   liveDeployments.add(gymDir);
   await upDeployment({ config: deployment, runDir: gymDir, env });
   const backend = readEndpoints(gymDir).policy_backend!.url;
@@ -163,7 +169,10 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
         healing.push(delay(f.downMs).then(() => restartGym()));
         return;
       case 'server_kill':
-        await gymSteps.run(() => killDeployment(gymDir, { servers: [f.server!] }));
+        await gymSteps.run(async () => {
+          if (f.worker === undefined) await killDeployment(gymDir, { servers: [f.server!] });
+          else await killWorker(gymDir, f.server!, f.worker);
+        });
         healing.push(delay(f.downMs).then(() => restartGym([f.server!])));
         return;
       case 'server_stop':
@@ -382,4 +391,17 @@ async function listAttempts(world: ChaosWorld, run: string): Promise<{ running: 
       completed.set(rollout, [...(completed.get(rollout) ?? []), { key, reward: attrs.get(ROLLOUT_REWARD) ?? null }]);
   }
   return { running, started, completed };
+}
+
+/** SIGKILL one worker of a multi-worker server; its front takes the rest of the server down with it. */
+async function killWorker(gymDir: string, server: string, index: number): Promise<void> {
+  const front = readRunState(gymDir).servers[server]?.pid ?? undefined;
+  const pid = front === undefined ? undefined : workerPid(front, index);
+  if (front === undefined || pid === undefined) return; // already down (another fault got there first)
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return;
+  }
+  for (let waited = 0; groupAlive(front, server) && waited < 10_000; waited += 50) await delay(50);
 }

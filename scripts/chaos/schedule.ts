@@ -35,6 +35,8 @@ export interface Fault {
   downMs: number;
   /** The Gym server it hits (server_kill, server_stop). */
   server?: string;
+  /** server_kill of a multi-worker deployment: SIGKILL only this worker (the server goes down with it). */
+  worker?: number;
 }
 
 export interface Schedule {
@@ -58,6 +60,8 @@ export function random(seed: number): () => number {
 export interface ScheduleOptions {
   /** The Gym servers a fault may pick (not the inference backend: it is not part of Gym). */
   servers: readonly string[];
+  /** Worker processes per Gym server (`--workers`); with more than one, half the server kills hit one worker. */
+  workers?: number;
 }
 
 const WEIGHTS: Record<FaultKind, number> = {
@@ -102,6 +106,9 @@ export function drawSchedule(seed: number, opts: ScheduleOptions): Schedule {
       downMs: k === 'server_stop' ? int(1_000, 6_000) : k === 'manual_checkpoint' ? 0 : int(0, 8_000),
     };
     if (k === 'server_kill' || k === 'server_stop') fault.server = pick(opts.servers);
+    // Drawn only with workers, so the schedules of a single-process deployment stay as they were.
+    const workers = opts.workers ?? 1;
+    if (k === 'server_kill' && workers > 1 && rnd() < 0.5) fault.worker = int(0, workers - 1);
     // Half the checkpoint-aimed faults hold model calls first, so the checkpoint parks episodes mid-turn.
     if (trigger.on === 'checkpoint' && rnd() < 0.5) fault.holdAfterCalls = int(1, 3);
     faults.push(fault);
@@ -114,7 +121,7 @@ export function describeFault(f: Fault): string {
   const t = f.trigger;
   const at = t.on === 'time' ? `${t.afterMs}ms` : t.on === 'step' ? `step ${t.step}` : `${t.afterMs}ms,ckpt+${t.delayMs}ms`;
   const down = f.downMs > 0 ? ` down ${(f.downMs / 1000).toFixed(1)}s` : '';
-  return `${f.kind}${f.server ? `:${f.server}` : ''}@${at}${f.holdAfterCalls !== undefined ? ` hold ${f.holdAfterCalls}` : ''}${down}`;
+  return `${f.kind}${f.server ? `:${f.server}` : ''}${f.worker !== undefined ? `/w${f.worker}` : ''}@${at}${f.holdAfterCalls !== undefined ? ` hold ${f.holdAfterCalls}` : ''}${down}`;
 }
 
 /** Faults that crash Gym processes (all of them, or one server). */

@@ -18,6 +18,8 @@ export const ServerEntrySchema = z.strictObject({
   /** 0 or absent: the launcher picks a free port once and keeps it across restarts. */
   port: z.number().int().min(0).max(65535).default(0),
   options: z.record(z.string(), z.unknown()).default({}),
+  /** Processes behind the server's one URL, one participant to the controller (docs/multi-worker.md). */
+  workers: z.number().int().min(1).max(64).default(1),
 });
 export type ServerEntry = z.infer<typeof ServerEntrySchema>;
 
@@ -27,7 +29,14 @@ export const DeploymentSchema = z.strictObject({
   session_secret: z.string().min(16).optional(),
   servers: z
     .record(z.string().regex(ID_PATTERN, 'server names must match ^[A-Za-z0-9][A-Za-z0-9._-]*$'), ServerEntrySchema)
-    .refine((s) => Object.keys(s).length > 0, 'at least one server is required'),
+    .refine((s) => Object.keys(s).length > 0, 'at least one server is required')
+    .superRefine((servers, ctx) => {
+      for (const [name, entry] of Object.entries(servers)) {
+        // An inference backend's generation cuts must reach the process running the generation.
+        if (entry.kind === 'inference' && entry.workers > 1)
+          ctx.addIssue({ code: 'custom', path: [name, 'workers'], message: 'an inference server runs as one process' });
+      }
+    }),
 });
 export type Deployment = z.infer<typeof DeploymentSchema> & { checkpoint: CheckpointBlock };
 

@@ -8,10 +8,38 @@ import { CONTROL_PREFIX, REQUEST_SCHEMAS } from '../../protocol/control.js';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
 import { sendRefusal } from '../common/metrics.js';
 import { annotateRequestSpan } from '../common/tracing.js';
-import type { ControlPlane } from './control-plane.js';
+import type {
+  CheckpointRequest,
+  CommitReply,
+  CommitRequest,
+  ForgetReply,
+  ForgetRequest,
+  PrepareReply,
+  PrepareRequest,
+  RenewReply,
+  RestoreReply,
+  RestoreRequest,
+  ResumeReply,
+  RetireReply,
+  RetireRequest,
+  StatusReply,
+} from '../../protocol/control.js';
+
+/** What the control routes serve: one participant's plane, or a multi-worker server's coordinator (servers/workers). */
+export interface ControlSurface {
+  status(): StatusReply | Promise<StatusReply>;
+  prepare(req: PrepareRequest): Promise<PrepareReply>;
+  renew(req: CheckpointRequest): Promise<RenewReply>;
+  commit(req: CommitRequest): Promise<CommitReply>;
+  restore(req: RestoreRequest): Promise<RestoreReply>;
+  resume(req: CheckpointRequest): Promise<ResumeReply>;
+  retire(req: RetireRequest): Promise<RetireReply>;
+  forget(req: ForgetRequest): Promise<ForgetReply>;
+  close(): void | Promise<void>;
+}
 
 export interface ControlPluginOptions {
-  plane: ControlPlane;
+  plane: ControlSurface;
   /** The bearer token; the routes refuse to start with an empty one (§3.2). */
   token: string;
   /** Largest accepted body (a restore scope of 16,000 episodes is about 1 MB). */

@@ -5,7 +5,7 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
-import { RunRequestSchema } from '../../protocol/tasks.js';
+import { INSTANCE_HEADER, RunRequestSchema } from '../../protocol/tasks.js';
 import { createGymApp } from '../common/app.js';
 import { callJson } from '../common/http-client.js';
 import { sendRefusal } from '../common/metrics.js';
@@ -102,8 +102,7 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
   return { app, participant, plane, replies };
 }
 
-/** Header a controller sets on `/run` with the environment's `instance_id` it discovered. */
-export const INSTANCE_HEADER = 'x-ng-instance-id';
+export { INSTANCE_HEADER };
 
 const environmentModule: ServerModule<EnvironmentOptions> = {
   optionsSchema: EnvironmentOptionsSchema,

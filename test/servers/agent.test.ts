@@ -143,7 +143,7 @@ const agents: FastifyInstance[] = [];
 async function startAgent(modelUrl: string, options: Record<string, unknown> = {}, checkpointEnabled = true): Promise<Agent> {
   const ctx: ServerContext = {
     name: 'simple_agent',
-    entry: { kind: 'agent', port: 0, options: {} },
+    entry: { kind: 'agent', port: 0, options: {}, workers: 1 },
     deployment: {} as Deployment,
     endpoints: { policy_model: { kind: 'model', url: modelUrl } },
     checkpoint: { enabled: checkpointEnabled, control_auth_token: TOKEN, lease_grace_seconds: 600 },

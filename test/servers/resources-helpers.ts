@@ -15,7 +15,7 @@ export function contextFor(name: string, type: string, opts: { checkpoint?: bool
     opts.checkpoint === false
       ? { enabled: false, control_auth_token: null, lease_grace_seconds: 600 }
       : { enabled: true, control_auth_token: TOKEN, lease_grace_seconds: 600 };
-  const entry: ServerEntry = { kind: 'resources', type, port: 0, options: {} };
+  const entry: ServerEntry = { kind: 'resources', type, port: 0, options: {}, workers: 1 };
   const deployment = { checkpoint, servers: { [name]: entry } } as Deployment;
   return { name, entry, deployment, endpoints: {}, checkpoint, sessionSecret: SECRET, logLevel: 'silent' };
 }

@@ -13,6 +13,26 @@ describe('drawSchedule', () => {
     expect(new Set(seeds).size).toBeGreaterThan(45);
   });
 
+  it('with workers, half the server kills hit one worker; without, the schedules are the single-process ones', () => {
+    let workerKills = 0;
+    let serverKills = 0;
+    for (let seed = 0; seed < 300; seed++) {
+      const one = drawSchedule(seed, { servers: SERVERS });
+      expect(drawSchedule(seed, { servers: SERVERS, workers: 1 })).toEqual(one);
+      for (const f of one.faults) expect(f.worker).toBeUndefined();
+      for (const f of drawSchedule(seed, { servers: SERVERS, workers: 2 }).faults) {
+        if (f.kind !== 'server_kill') continue;
+        serverKills += 1;
+        if (f.worker === undefined) continue;
+        workerKills += 1;
+        expect([0, 1]).toContain(f.worker);
+        expect(describeFault(f)).toMatch(/^server_kill:\w+\/w[01]@/);
+      }
+    }
+    expect(workerKills).toBeGreaterThan(serverKills * 0.3);
+    expect(workerKills).toBeLessThan(serverKills * 0.7);
+  });
+
   it('keeps to its bounds: 5–6 steps, 1–4 faults, servers from the list, step triggers rising and before the last step', () => {
     let crashedTwice = 0;
     let aimed = 0;

@@ -3,13 +3,10 @@
 // reward 1.0, and the same checkpoint restores again after its replacement made calls (and
 // incremented the counter) and crashed.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { generateTasks } from '../../../activities/dataset.js';
-import type { Task } from '../../../protocol/tasks.js';
 import {
   baseline,
   bringUp,
   cleanSlate,
-  counterSolved,
   crash,
   crashAndRestore,
   deliveredNoResult,
@@ -21,7 +18,7 @@ import {
   restoreInto,
   rewardOf,
   runEpisode,
-  simulate,
+  solvedCounter,
   startRun,
   tearDown,
   type Gym,
@@ -30,20 +27,6 @@ import {
 const ENV = 'counter_env';
 let gym: Gym | undefined;
 const g = (): Gym => gym!;
-
-/**
- * A counter task and rollout the tiny policy solves (reward 1.0) with at least two increments,
- * tried in order over the dataset; the no-crash baseline of each scenario confirms the choice.
- */
-function solvedCounter(prefix: string): { task: Task; rollout: string } {
-  for (const task of generateTasks({ seed: 11, count: 40, tasksets: ['counter'] })) {
-    for (let i = 0; i < 50; i++) {
-      const rollout = `${prefix}-${i}`;
-      if (counterSolved(task, 2)(simulate(task, rollout, g().salt))) return { task, rollout };
-    }
-  }
-  throw new Error('no counter task the tiny policy solves');
-}
 
 beforeAll(async () => {
   gym = await bringUp('counter');
@@ -57,7 +40,7 @@ beforeEach(async () => {
 
 describe('counter episodes (exported resources state)', () => {
   it("the counter's restored state is needed for reward 1.0", async () => {
-    const { task, rollout } = solvedCounter('state');
+    const { task, rollout } = solvedCounter(g(), 'state');
     const base = await baseline(g(), ENV, rollout, task);
     expect(base.reward).toBe(1);
     expect(base.nMessages.length).toBeGreaterThanOrEqual(3);
@@ -88,7 +71,7 @@ describe('counter episodes (exported resources state)', () => {
   });
 
   it('the same checkpoint restores again after its replacement made calls and crashed', async () => {
-    const { task, rollout } = solvedCounter('again');
+    const { task, rollout } = solvedCounter(g(), 'again');
     const base = await baseline(g(), ENV, rollout, task);
     expect(base.reward).toBe(1);
     const B = base.nMessages;

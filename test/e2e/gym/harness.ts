@@ -22,6 +22,7 @@ import {
   type PrepareResult,
 } from '../../../activities/coordination.js';
 import { createControlPool } from '../../../activities/control-client.js';
+import { generateTasks } from '../../../activities/dataset.js';
 import { CONTROL_PREFIX, type CommitReply, type RestoreReply } from '../../../protocol/control.js';
 import { captureKey, type EpisodeId } from '../../../protocol/ids.js';
 import type { ChatMessage } from '../../../protocol/openai.js';
@@ -464,3 +465,17 @@ export const counterSolved =
     const last = calls[calls.length - 1];
     return last?.action === 'answer' && incs.length >= minIncrements && data.initial_count + incs.reduce((a, b) => a + b, 0) === data.expected_count;
   };
+
+/**
+ * A counter task and rollout the tiny policy solves (reward 1.0) with at least two increments,
+ * tried in order over the dataset; the no-crash baseline of each scenario confirms the choice.
+ */
+export function solvedCounter(gym: Gym, prefix: string): { task: Task; rollout: string } {
+  for (const task of generateTasks({ seed: 11, count: 40, tasksets: ['counter'] })) {
+    for (let i = 0; i < 50; i++) {
+      const rollout = `${prefix}-${i}`;
+      if (counterSolved(task, 2)(simulate(task, rollout, gym.salt))) return { task, rollout };
+    }
+  }
+  throw new Error('no counter task the tiny policy solves');
+}

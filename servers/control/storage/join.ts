@@ -1,0 +1,95 @@
+// The commit of a multi-worker server (docs/multi-worker.md): each worker has written and published
+// its own records under a hidden directory of the participant's; the front joins them, in worker
+// order, into the participant's one records file (§9.1: one file per participant, so a reader of
+// the layout cannot tell several workers from one) and publishes the one manifest, as writer.ts
+// does for a single process: temp file, fsync, directories, rename, manifest last, create-once.
+import { createHash } from 'node:crypto';
+import { createReadStream, promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
+import { refuse } from '../../../protocol/errors.js';
+import { toPlainJson } from '../../../protocol/lossless-json.js';
+import { SCHEMA_VERSION, recordsFileName, type Manifest } from '../../../protocol/manifest.js';
+import { fsyncPath } from '../../common/durable-files.js';
+import { manifestExtras, publishManifest } from './manifest.js';
+import { participantDir, storageError, tempPath } from './paths.js';
+
+export interface WorkerPart {
+  /** The worker's participant directory (where its manifest and records file are). */
+  dir: string;
+  manifest: Manifest;
+}
+
+export interface JoinOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  checkpointId: string;
+  parts: readonly WorkerPart[];
+  extras?: Record<string, unknown>;
+  /** Checked right before the records file gets its name: a resume stops the join there. */
+  stopped?: () => boolean;
+}
+
+/** Where worker `index` of a server writes its part of checkpoint `participant` (hidden: readers ignore it). */
+export function workerPartDir(participant: string, index: number): string {
+  return path.join(participant, `.worker-${index}`);
+}
+
+export async function joinWorkerRecords(opts: JoinOptions): Promise<Manifest> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const where = `${opts.kind}/${opts.instance}`;
+  let tmp: string | undefined;
+  try {
+    const extras = manifestExtras(opts.extras);
+    await fsp.mkdir(dir, { recursive: true });
+    tmp = tempPath(dir, 'records.jsonl');
+    const whole = createHash('sha256');
+    let count = 0;
+    const fh = await fsp.open(tmp, 'wx');
+    try {
+      for (const part of opts.parts) {
+        // Each part checked against its own manifest on the way: a torn part never joins.
+        const own = createHash('sha256');
+        for await (const chunk of createReadStream(path.join(part.dir, part.manifest.records_file))) {
+          own.update(chunk as Buffer);
+          whole.update(chunk as Buffer);
+          await fh.write(chunk as Buffer);
+        }
+        if (own.digest('hex') !== part.manifest.records_sha256)
+          throw refuse('invalid_checkpoint_state', `the records part in ${part.dir} does not match its manifest`);
+        count += part.manifest.record_count;
+      }
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    const sha256 = whole.digest('hex');
+    const manifest: Manifest = {
+      ...extras,
+      schema_version: SCHEMA_VERSION,
+      kind: opts.kind,
+      instance: opts.instance,
+      checkpoint_id: opts.checkpointId,
+      records_file: recordsFileName(sha256),
+      records_sha256: sha256,
+      record_count: count,
+    };
+    const kindDir = path.dirname(dir);
+    await Promise.all([dir, kindDir, path.dirname(kindDir), opts.checkpointDir].map(fsyncPath));
+    if (opts.stopped?.()) throw refuse('invalid_checkpoint_state', 'the checkpoint was resumed before its write finished');
+    const recordsPath = path.join(dir, manifest.records_file);
+    await fsp.rename(tmp, recordsPath);
+    tmp = undefined;
+    const published = await publishManifest(dir, manifest);
+    if (published === manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(manifest))) return published as Manifest;
+    if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
+    throw refuse(
+      'invalid_checkpoint_state',
+      `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${JSON.stringify(published.checkpoint_id)})`,
+    );
+  } catch (err) {
+    if (tmp) await fsp.rm(tmp, { force: true }).catch(() => {});
+    throw storageError(err, `joining the workers' records of ${where}`);
+  }
+}

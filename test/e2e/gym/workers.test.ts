@@ -1,0 +1,146 @@
+// Multi-worker servers as real processes (docs/multi-worker.md): every Gym server of the counter
+// topology runs `workers: 2` behind its one URL. Each is one participant (one status, one
+// identity, one manifest); every call of an episode reaches the worker that owns its rollout; a
+// checkpoint mid-episode restores into fresh multi-worker servers and the continued episode
+// reaches reward 1.0 with only the calls after its saved turn; SIGKILL of one worker takes the
+// whole server down, and it comes back as a new instance.
+import { join } from 'node:path';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { CONTROL_PREFIX } from '../../../protocol/control.js';
+import { groupAlive } from '../../../servers/launcher/group-liveness.js';
+import { restartDeployment } from '../../../servers/launcher/launcher.js';
+import { readRunState } from '../../../servers/launcher/run-dir.js';
+import { ownerOf } from '../../../servers/workers/owner.js';
+import { runtimeDirOf, workerPid } from '../../../servers/workers/spawn-workers.js';
+import { WorkerLink } from '../../../servers/workers/worker-link.js';
+import { waitFor } from '../../helpers/wait.js';
+import {
+  baseline,
+  bringUp,
+  cleanSlate,
+  crashAndRestore,
+  episode,
+  forgetRollouts,
+  nMessages,
+  prepareAndCommit,
+  readRecords,
+  replyOf,
+  rewardOf,
+  runEpisode,
+  solvedCounter,
+  startRun,
+  status,
+  tearDown,
+  TOKEN,
+  type Gym,
+  type Status,
+} from './harness.js';
+
+const ENV = 'counter_env';
+const GYM_SERVERS = ['counter_env', 'simple_agent', 'counter', 'policy_model'];
+let gym: Gym | undefined;
+const g = (): Gym => gym!;
+
+beforeAll(async () => {
+  gym = await bringUp('counter-workers');
+});
+afterAll(async () => {
+  await tearDown(gym);
+});
+beforeEach(async () => {
+  await cleanSlate(g());
+});
+
+const frontPid = (server: string): number => readRunState(g().runDir).servers[server]!.pid!;
+
+function runtimeDir(server: string): string {
+  const dir = runtimeDirOf(frontPid(server));
+  if (!dir) throw new Error(`no runtime directory of ${server}`);
+  return dir;
+}
+
+/** Each worker's own status, straight from its socket (the server's URL answers only as a whole). */
+async function workerStatuses(server: string): Promise<Status[]> {
+  const dir = runtimeDir(server);
+  const out: Status[] = [];
+  for (const i of [0, 1]) {
+    const link = new WorkerLink(join(dir, `w${i}.sock`));
+    try {
+      const r = await link.json('GET', `${CONTROL_PREFIX}/status`, { authorization: `Bearer ${TOKEN}` });
+      out.push(JSON.parse(r.text) as Status);
+    } finally {
+      link.close();
+    }
+  }
+  return out;
+}
+
+describe('servers with workers: 2', () => {
+  it('each server is one participant, and every call of an episode reaches the worker that owns its rollout', async () => {
+    const { task, rollout } = solvedCounter(g(), 'route');
+    await g().backend.hold({ after_calls: 1 });
+    const run = startRun(g(), ENV, episode(rollout), task);
+    await g().backend.waitForCalls(2);
+    const owner = ownerOf(rollout, 2);
+    const live: Record<string, string> = { counter_env: 'episodes', simple_agent: 'sessions', counter: 'sessions', policy_model: 'inflight' };
+    for (const server of GYM_SERVERS) {
+      const whole = await status(g(), server);
+      expect(whole).toMatchObject({ workers: 2, expected_workers: 2, phase: 'idle' });
+      expect(whole.report.counts[live[server]!]).toBe(1);
+      const parts = await workerStatuses(server);
+      // The episode's state is on its owner only; the identity is the server's, not a worker's.
+      expect(
+        parts.map((p) => p.report.counts[live[server]!]),
+        server,
+      ).toEqual(owner === 0 ? [1, 0] : [0, 1]);
+      for (const p of parts) expect(p.instance_id).not.toBe(whole.instance_id);
+    }
+    await g().backend.reset();
+    await g().backend.release();
+    expect(rewardOf(await replyOf(run))).toBe(1);
+    await forgetRollouts(g(), [rollout]);
+  });
+
+  it('a checkpoint mid-episode: one records file per server; restored into fresh multi-worker servers, the episode continues from its saved turn', async () => {
+    const { task, rollout } = solvedCounter(g(), 'mw');
+    const base = await baseline(g(), ENV, rollout, task);
+    expect(base.reward).toBe(1);
+    await g().backend.hold({ after_calls: 1 });
+    const run = startRun(g(), ENV, episode(rollout), task);
+    await g().backend.waitForCalls(2);
+    const ckpt = await prepareAndCommit(g(), 'ckpt-mw', [episode(rollout)]);
+    const data = task.task_input.task_data as { initial_count: number };
+    const firstIncrement = base.calls[0]!.action === 'inc1' ? 1 : base.calls[0]!.action === 'inc2' ? 2 : 3;
+    expect(readRecords(ckpt.dir, 'resources', 'counter')).toMatchObject([
+      { episode_id: { rollout_id: rollout, attempt: 0 }, state: { count: data.initial_count + firstIncrement } },
+    ]);
+    for (const [kind, name] of [
+      ['agent', 'simple_agent'],
+      ['environment', 'counter_env'],
+      ['model', 'policy_model'],
+    ]) {
+      expect(readRecords(ckpt.dir, kind!, name!).map((r) => r.episode_id)).toEqual([{ rollout_id: rollout, attempt: 0 }]);
+    }
+    const before = Object.fromEntries(await Promise.all(GYM_SERVERS.map(async (s) => [s, (await status(g(), s)).instance_id])));
+    await crashAndRestore(g(), [run], { dir: ckpt.dir, scope: ckpt.scope, restoreId: 'restore-mw' });
+    for (const s of GYM_SERVERS) expect((await status(g(), s)).instance_id).not.toBe(before[s]);
+    expect(rewardOf(await runEpisode(g(), ENV, episode(rollout, 1), task))).toBe(1);
+    expect(nMessages(await g().backend.calls())).toEqual([...base.nMessages.slice(0, 2), ...base.nMessages.slice(1)]);
+    await forgetRollouts(g(), [rollout]);
+  });
+
+  it('SIGKILL of one worker takes its whole server down; restarted, it is a new instance and serves again', async () => {
+    const { task, rollout } = solvedCounter(g(), 'kill');
+    const before = await status(g(), 'simple_agent');
+    const pid = frontPid('simple_agent');
+    const worker = workerPid(pid, 1)!;
+    process.kill(worker, 'SIGKILL');
+    await waitFor('the agent server to go down', async () => !groupAlive(pid, 'simple_agent'));
+    await restartDeployment(g().runDir, { env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' }, servers: ['simple_agent'] });
+    const after = await status(g(), 'simple_agent');
+    expect(after.instance_id).not.toBe(before.instance_id);
+    expect(after.workers).toBe(2);
+    expect(rewardOf(await runEpisode(g(), ENV, episode(rollout), task))).toBe(1);
+    await forgetRollouts(g(), [rollout]);
+  });
+});
