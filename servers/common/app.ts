@@ -40,8 +40,12 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
         http2: true as const,
         // No session timeout, no stream cap, room for every parked call's buffers.
         http2SessionTimeout: 0,
-        serverFactory: (handler: (req: Http2ServerRequest, res: Http2ServerResponse) => void) =>
-          createHttp2Server({ maxSessionMemory: 4096, settings: { maxConcurrentStreams: 1_000_000 } }, handler),
+        serverFactory: (handler: (req: Http2ServerRequest, res: Http2ServerResponse) => void) => {
+          const server = createHttp2Server({ maxSessionMemory: 4096, settings: { maxConcurrentStreams: 1_000_000 } }, handler);
+          // One slow stream must not hold the others back: the connection's window is large.
+          server.on('session', (session) => session.setLocalWindowSize(1 << 30));
+          return server;
+        },
       }
     : {};
   // The HTTP/2 app serves the same routes through Node's compatibility API; typed as the HTTP/1 app.

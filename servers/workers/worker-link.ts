@@ -4,6 +4,9 @@
 import http2, { type ClientHttp2Session, type ClientHttp2Stream } from 'node:http2';
 import net from 'node:net';
 
+/** Flow-control window of a front–worker connection (both directions), bytes. */
+export const CONNECTION_WINDOW = 1 << 30;
+
 export class WorkerLink {
   private session: ClientHttp2Session | undefined;
 
@@ -41,6 +44,8 @@ export class WorkerLink {
       });
       // Each stream reports its own failure; a dead worker takes the server down anyway.
       session.on('error', () => undefined);
+      // One slow reader must not hold every other stream back: the connection's window is large.
+      session.once('connect', () => session.setLocalWindowSize(CONNECTION_WINDOW));
       this.session = session;
     }
     return this.session;
