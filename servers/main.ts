@@ -45,12 +45,13 @@ async function main(): Promise<void> {
   }
   // Before the app is built: createGymApp adds the tracing hooks only in a process that traces.
   const tracing = await startTracing({ serviceName: values.name, otlpEndpoint, resourceAttributes: { 'gym.kind': entry.kind } });
+  const mod = await loadServerModule(values.name, entry);
+  if (entry.workers > 1 && mod.singleProcess) throw new ConfigError(`servers.${values.name}.workers`, `this server runs as one process: ${mod.singleProcess}`);
   if (entry.workers > 1 && values.worker === undefined) {
     await runFront(values.name, entry, deployment, me.url, process.argv.slice(1));
     return;
   }
   if (values.worker !== undefined) serveAsWorker();
-  const mod = await loadServerModule(values.name, entry);
   const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   const ctx: ServerContext = {
     name: values.name,

@@ -9,9 +9,11 @@ import { validateSnapshot } from '../../activities/snapshots.js';
 import { RunConfigSchema, type RunConfig } from '../../protocol/run-config.js';
 import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { downDeployment, killDeployment, readEndpoints, restartDeployment, signalServers, upDeployment } from '../../servers/launcher/launcher.js';
+import { ServerEntrySchema } from '../../servers/common/deployment.js';
 import { groupAlive } from '../../servers/launcher/group-liveness.js';
+import { loadServerModule } from '../../servers/registry.js';
 import { readRunState } from '../../servers/launcher/run-dir.js';
-import { workerPid } from '../../servers/workers/spawn-workers.js';
+import { runtimeDirOf, workerPid } from '../../servers/workers/spawn-workers.js';
 import { checkpointNow, runStatus } from '../../workflows/messages.js';
 import { ROLLOUT_REWARD, ROLLOUT_STATUS } from '../../workflows/search-attributes.js';
 import type { RunSummary, trainingRun } from '../../workflows/trainingRun.js';
@@ -72,11 +74,17 @@ export interface ScheduleOptions {
   workers?: number;
 }
 
-/** examples/gym.yaml with a token delay on the tiny-policy backend (and `workers: N` on every Gym server). */
-function writeDeployment(file: string, workers: number): void {
+/** examples/gym.yaml with a token delay on the tiny-policy backend (and `workers: N` on every Gym server that may have them). */
+async function writeDeployment(file: string, workers: number): Promise<void> {
   const doc = parseDocument(readFileSync(join(projectRoot, 'examples/gym.yaml'), 'utf8'));
   doc.setIn(['servers', 'policy_backend', 'options', 'token_delay_ms'], TOKEN_DELAY_MS);
-  if (workers > 1) for (const name of gymServers()) doc.setIn(['servers', name, 'workers'], workers);
+  if (workers > 1) {
+    const servers = (doc.toJS() as { servers: Record<string, unknown> }).servers;
+    for (const name of gymServers()) {
+      const mod = await loadServerModule(name, ServerEntrySchema.parse(servers[name]));
+      if (!mod.singleProcess) doc.setIn(['servers', name, 'workers'], workers);
+    }
+  }
   writeFileSync(file, doc.toString());
 }
 
@@ -126,7 +134,7 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
   const env = { GYM_CONTROL_TOKEN: opts.controlToken, LOG_LEVEL: 'warn' };
   const deployment = join(dir, 'gym.yaml');
   mkdirSync(dir, { recursive: true });
-  writeDeployment(deployment, opts.workers ?? 1);
+  await writeDeployment(deployment, opts.workers ?? 1);
   liveDeployments.add(gymDir);
   await upDeployment({ config: deployment, runDir: gymDir, env });
   const backend = readEndpoints(gymDir).policy_backend!.url;
@@ -396,6 +404,8 @@ async function listAttempts(world: ChaosWorld, run: string): Promise<{ running: 
 /** SIGKILL one worker of a multi-worker server; its front takes the rest of the server down with it. */
 async function killWorker(gymDir: string, server: string, index: number): Promise<void> {
   const front = readRunState(gymDir).servers[server]?.pid ?? undefined;
+  // A server that runs as one process (a group-scored verifier) is killed whole.
+  if (front !== undefined && runtimeDirOf(front) === undefined) return void (await killDeployment(gymDir, { servers: [server] }));
   const pid = front === undefined ? undefined : workerPid(front, index);
   if (front === undefined || pid === undefined) return; // already down (another fault got there first)
   try {

@@ -23,6 +23,8 @@ export interface ServerContext {
 /** One implementation of a server kind: its options schema (validated by the launcher too) and its app. */
 export interface ServerModule<O = unknown> {
   optionsSchema: z.ZodType<O>;
+  /** Why this server type must run as one process (`workers: 1`), if it must. */
+  singleProcess?: string;
   build(ctx: ServerContext, options: O): Promise<FastifyInstance>;
 }
 

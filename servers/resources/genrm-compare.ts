@@ -53,6 +53,8 @@ export function cohortCoordinates(body: unknown): Coordinates {
 
 const genrmCompare: ServerModule<GenrmCompareOptions> = {
   optionsSchema: GenrmCompareOptionsSchema,
+  // Siblings of one prompt are different rollouts (different owners), and a cohort meets in one process.
+  singleProcess: 'a cohort of siblings is collected and compared in one process',
   async build(ctx, options) {
     const opts = GenrmCompareOptionsSchema.parse(options);
     const registry = new CohortRegistry({

@@ -4,6 +4,7 @@
 // and answers once from their answers: one status, one phase, one instance identity, one
 // manifest (storage/join.ts). A worker's refusal is the server's refusal.
 import { randomUUID } from 'node:crypto';
+import { rm } from 'node:fs/promises';
 import {
   CONTROL_PREFIX,
   scopeKey,
@@ -106,6 +107,8 @@ export class WorkerCoordinator implements ControlSurface {
         stopped: () => state.stopped,
       }),
     );
+    // The parts are in the one records file now: not kept twice in the checkpoint (best effort).
+    await Promise.all(this.links.map((_, i) => rm(workerPartDir(participant, i), { recursive: true, force: true }).catch(() => undefined)));
     return {
       ...extras,
       phase: 'committed',

@@ -31,6 +31,13 @@ describe('deployment validation (before anything starts)', () => {
     expect(v.options.policy_model).toEqual({ backend: 'policy_backend', checkpoint_policy: false, checkpoint_generation_cuts: false });
   });
 
+  it('workers: several processes for any participant kind, not for an inference backend or a group-scored verifier', async () => {
+    expect(await keyOf(`${base}  w: { kind: resources, type: weather, workers: 2 }\n`)).toBe('(accepted)');
+    expect(await keyOf(`${base}  w: { kind: resources, type: weather, workers: 0 }\n`)).toBe('servers.w.workers');
+    expect(await keyOf(`servers:\n  b: { kind: inference, workers: 2 }\n`)).toBe('servers.b.workers');
+    expect(await keyOf(`${base}  g: { kind: resources, type: genrm_compare, workers: 2 }\n`)).toBe('servers.g.workers');
+  });
+
   it('names the key of every kind of mistake', async () => {
     expect(await keyOf(`${base}  x: { kind: simulator }\n`)).toBe('servers.x.kind');
     expect(await keyOf(`${base}  x: { kind: resources, type: wether }\n`)).toBe('servers.x.type');
