@@ -145,7 +145,7 @@ export function traceGymRequests(app: FastifyInstance, server: { name: string; k
     // 'close' comes after the reply was sent, and also when the caller went away first (a cancelled `/run`).
     reply.raw.once('close', () => {
       span.setAttribute('http.response.status_code', reply.statusCode);
-      if (!reply.raw.writableFinished) span.setStatus({ code: SpanStatusCode.ERROR, message: 'connection closed before the reply was sent' });
+      if (!reply.raw.writableEnded) span.setStatus({ code: SpanStatusCode.ERROR, message: 'connection closed before the reply was sent' });
       else if (reply.statusCode >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
       span.end();
     });

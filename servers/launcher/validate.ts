@@ -30,7 +30,8 @@ export async function validateDeploymentText(text: string, env: NodeJS.ProcessEn
   for (const [name, entry] of Object.entries(deployment.servers)) {
     const mod = await loadServerModule(name, entry);
     options[name] = parseConfig(mod.optionsSchema, entry.options, `servers.${name}.options`);
-    if (entry.workers > 1 && mod.singleProcess) throw new ConfigError(`servers.${name}.workers`, `a ${serverTypeOf(entry)} server runs as one process: ${mod.singleProcess}`);
+    if (entry.workers > 1 && mod.singleProcess)
+      throw new ConfigError(`servers.${name}.workers`, `a ${serverTypeOf(entry)} server runs as one process: ${mod.singleProcess}`);
     types[name] = serverTypeOf(entry);
   }
   return { text, deployment, options, types };

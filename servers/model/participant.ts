@@ -283,6 +283,8 @@ export class ModelParticipant implements GenerationGate {
       }
     }
     t.signal.throwIfAborted();
+    // Its caller's connection closed while it was held: nothing to send, and nothing to wait for.
+    if (t.ended) throw new Error(`model call ${t.id} ended before its reply was delivered`);
     // From here the response counts as started: a prepare waits for it to finish sending.
     t.started = true;
     this.streaming.add(t);

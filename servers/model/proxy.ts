@@ -243,7 +243,9 @@ function isEventStream(headers: IncomingHttpHeaders): boolean {
 function abortOnCallerGone(reply: FastifyReply): AbortController {
   const abort = new AbortController();
   reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) abort.abort(new Error('the caller went away'));
+    // Not `writableFinished`: under HTTP/2 (a worker of a multi-worker server) a reset stream reports
+    // finished; `writableEnded` is false on both transports until we answered.
+    if (!reply.raw.writableEnded) abort.abort(new Error('the caller went away'));
   });
   return abort;
 }

@@ -67,7 +67,7 @@ async function forward(link: WorkerLink, req: FastifyRequest, reply: FastifyRepl
   const stream = link.request(headers, body);
   // A caller that gives up (a cancelled episode, a crash) gives up on the worker too.
   const onClose = (): void => {
-    if (!reply.raw.writableFinished) stream.close(http2.constants.NGHTTP2_CANCEL);
+    if (!reply.raw.writableEnded) stream.close(http2.constants.NGHTTP2_CANCEL);
   };
   reply.raw.once('close', onClose);
   let head: http2.IncomingHttpHeaders;

@@ -8,7 +8,8 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../../protocol/control.js';
 import { groupAlive } from '../../../servers/launcher/group-liveness.js';
-import { restartDeployment } from '../../../servers/launcher/launcher.js';
+import { prepare, resume } from '../../../activities/coordination.js';
+import { killDeployment, restartDeployment } from '../../../servers/launcher/launcher.js';
 import { readRunState } from '../../../servers/launcher/run-dir.js';
 import { ownerOf } from '../../../servers/workers/owner.js';
 import { runtimeDirOf, workerPid } from '../../../servers/workers/spawn-workers.js';
@@ -19,9 +20,11 @@ import {
   bringUp,
   cleanSlate,
   crashAndRestore,
+  deadline,
   episode,
   forgetRollouts,
   nMessages,
+  participants,
   prepareAndCommit,
   readRecords,
   replyOf,
@@ -126,6 +129,26 @@ describe('servers with workers: 2', () => {
     for (const s of GYM_SERVERS) expect((await status(g(), s)).instance_id).not.toBe(before[s]);
     expect(rewardOf(await runEpisode(g(), ENV, episode(rollout, 1), task))).toBe(1);
     expect(nMessages(await g().backend.calls())).toEqual([...base.nMessages.slice(0, 2), ...base.nMessages.slice(1)]);
+    await forgetRollouts(g(), [rollout]);
+  });
+
+  it('a model call whose caller went away while its reply was held by a checkpoint leaves nothing behind (chaos seed 904 with workers)', async () => {
+    const { task, rollout } = solvedCounter(g(), 'gone');
+    await g().backend.hold({ after_calls: 1 });
+    const run = startRun(g(), ENV, episode(rollout), task);
+    await g().backend.waitForCalls(2);
+    const dep = await participants(g());
+    expect((await prepare(dep, { checkpointId: 'ck-gone', deadlineTs: deadline() })).prepared).toBe(true);
+    // The caller (the agent) dies; the model's reply, released by the backend, has nobody to go to.
+    await killDeployment(g().runDir, { servers: ['simple_agent'] });
+    await g().backend.release();
+    await resume(await participants(g(), { exclude: ['simple_agent'] }), { checkpointId: 'ck-gone', deadlineTs: deadline() });
+    await waitFor('the model to hold nothing', async () => {
+      const st = await status(g(), 'policy_model');
+      return st.report.blockers.length === 0 && st.report.counts.inflight === 0 && st.report.counts.held === 0;
+    });
+    await run.done;
+    await restartDeployment(g().runDir, { env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' }, servers: ['simple_agent'] });
     await forgetRollouts(g(), [rollout]);
   });
 
