@@ -147,8 +147,8 @@ describe('servers with workers: 2', () => {
       const st = await status(g(), 'policy_model');
       return st.report.blockers.length === 0 && st.report.counts.inflight === 0 && st.report.counts.held === 0;
     });
-    await run.done;
     await restartDeployment(g().runDir, { env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'warn' }, servers: ['simple_agent'] });
+    await run.done;
     await forgetRollouts(g(), [rollout]);
   });
 
