@@ -6,13 +6,11 @@
 import { createHash } from 'node:crypto';
 import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { isDeepStrictEqual } from 'node:util';
 import { refuse } from '../../../protocol/errors.js';
-import { toPlainJson } from '../../../protocol/lossless-json.js';
-import { SCHEMA_VERSION, recordsFileName, type Manifest } from '../../../protocol/manifest.js';
-import { fsyncPath } from '../../common/durable-files.js';
-import { manifestExtras, publishManifest } from './manifest.js';
+import type { Manifest } from '../../../protocol/manifest.js';
+import { manifestExtras } from './manifest.js';
 import { participantDir, storageError, tempPath } from './paths.js';
+import { publishRecordsFile, syncedManifest } from './writer.js';
 
 export interface WorkerPart {
   /** The worker's participant directory (where its manifest and records file are). */
@@ -64,30 +62,11 @@ export async function joinWorkerRecords(opts: JoinOptions): Promise<Manifest> {
     } finally {
       await fh.close();
     }
-    const sha256 = whole.digest('hex');
-    const manifest: Manifest = {
-      ...extras,
-      schema_version: SCHEMA_VERSION,
-      kind: opts.kind,
-      instance: opts.instance,
-      checkpoint_id: opts.checkpointId,
-      records_file: recordsFileName(sha256),
-      records_sha256: sha256,
-      record_count: count,
-    };
-    const kindDir = path.dirname(dir);
-    await Promise.all([dir, kindDir, path.dirname(kindDir), opts.checkpointDir].map(fsyncPath));
+    const manifest = await syncedManifest({ ...opts, dir, extras, sha256: whole.digest('hex'), count });
     if (opts.stopped?.()) throw refuse('invalid_checkpoint_state', 'the checkpoint was resumed before its write finished');
-    const recordsPath = path.join(dir, manifest.records_file);
-    await fsp.rename(tmp, recordsPath);
+    const file = tmp;
     tmp = undefined;
-    const published = await publishManifest(dir, manifest);
-    if (published === manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(manifest))) return published as Manifest;
-    if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
-    throw refuse(
-      'invalid_checkpoint_state',
-      `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${JSON.stringify(published.checkpoint_id)})`,
-    );
+    return await publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir });
   } catch (err) {
     if (tmp) await fsp.rm(tmp, { force: true }).catch(() => {});
     throw storageError(err, `joining the workers' records of ${where}`);

@@ -70,35 +70,68 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
         if (wait) await wait;
       }
     const { sha256, count } = await sink.finish();
-    const manifest: Manifest = {
-      ...extras,
-      schema_version: SCHEMA_VERSION,
-      kind: opts.kind,
-      instance: opts.instance,
-      checkpoint_id: opts.checkpointId,
-      records_file: recordsFileName(sha256),
-      records_sha256: sha256,
-      record_count: count,
-    };
-    // A host crash must not lose a directory entry under a published manifest.
-    const kindDir = path.dirname(dir);
-    await Promise.all([dir, kindDir, path.dirname(kindDir), opts.checkpointDir].map(fsyncPath));
-
+    const manifest = await syncedManifest({ ...opts, dir, extras, sha256, count });
     return await lock.run(async () => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
-      const recordsPath = path.join(dir, manifest.records_file);
-      await fsp.rename(tmp!, recordsPath); // an identical same-named file may be replaced
+      const file = tmp!;
       tmp = undefined;
-      const published = await publishManifest(dir, manifest);
-      // Ours, or an identical one already there (an idempotent re-commit): key order ignored, 1 equals 1.0 (as in Python).
-      if (published === manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(manifest))) return published as Manifest;
-      if (published.records_file !== manifest.records_file) await fsp.rm(recordsPath, { force: true });
-      const other = JSON.stringify(published.checkpoint_id);
-      throw refuse('invalid_checkpoint_state', `${where} in ${opts.checkpointDir} already holds a different commit (checkpoint ${other})`);
+      return publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir });
     });
   } catch (err) {
     await sink?.abort();
     if (tmp) await fsp.rm(tmp, { force: true }).catch(() => {});
     throw storageError(err, `writing the records of ${where}`);
   }
+}
+
+/**
+ * The manifest of a records file written and fsynced in `dir` (§9.5 steps 4–5): built from its
+ * digest and count, every directory from the participant's up to the checkpoint's fsynced so a
+ * host crash cannot lose an entry under a published manifest.
+ */
+export async function syncedManifest(o: {
+  dir: string;
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  checkpointId: string;
+  extras: Record<string, unknown>;
+  sha256: string;
+  count: number;
+}): Promise<Manifest> {
+  const manifest: Manifest = {
+    ...o.extras,
+    schema_version: SCHEMA_VERSION,
+    kind: o.kind,
+    instance: o.instance,
+    checkpoint_id: o.checkpointId,
+    records_file: recordsFileName(o.sha256),
+    records_sha256: o.sha256,
+    record_count: o.count,
+  };
+  const kindDir = path.dirname(o.dir);
+  await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
+  return manifest;
+}
+
+/**
+ * §9.5 step 6–8: the temp `file` gets its digest name, the manifest is published last (or an
+ * identical one already there is returned: an idempotent re-commit); another commit's manifest is
+ * a refusal, and this writer's records file goes unless it is the published one.
+ */
+export async function publishRecordsFile(o: { dir: string; file: string; manifest: Manifest; where: string; checkpointDir: string }): Promise<Manifest> {
+  const recordsPath = path.join(o.dir, o.manifest.records_file);
+  // An identical same-named file may be replaced; a failed rename leaves no temp file behind.
+  await fsp.rename(o.file, recordsPath).catch(async (err: unknown) => {
+    await fsp.rm(o.file, { force: true }).catch(() => {});
+    throw err;
+  });
+  const published = await publishManifest(o.dir, o.manifest);
+  // Ours, or an identical one already there: key order ignored, 1 equals 1.0 (as in Python).
+  if (published === o.manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(o.manifest))) return published as Manifest;
+  if (published.records_file !== o.manifest.records_file) await fsp.rm(recordsPath, { force: true });
+  throw refuse(
+    'invalid_checkpoint_state',
+    `${o.where} in ${o.checkpointDir} already holds a different commit (checkpoint ${JSON.stringify(published.checkpoint_id)})`,
+  );
 }
