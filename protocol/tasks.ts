@@ -1,5 +1,6 @@
 // Tasks and the environment `/run` bodies (participants.md §2.2–2.3), the `[task …]` line the
 // tiny policy reads (docs/gym-servers.md "Tasks"), and the task digest (control-plane.md §9.6).
+import { refuse } from './errors.js';
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { canonicalJson } from './canonical-json.js';
@@ -36,6 +37,12 @@ export type Task = z.infer<typeof TaskSchema>;
 /** `SingleAgentTurnRequest`. */
 /** Ours: the header a controller sets on `/run` with the environment's `instance_id` it discovered. */
 export const INSTANCE_HEADER = 'x-ng-instance-id';
+
+/** Refuses a `/run` dispatched to an earlier process of this environment server (it restarted since). */
+export function assertExpectedInstance(expected: string | string[] | undefined, actual: string): void {
+  if (typeof expected === 'string' && expected !== actual)
+    throw refuse('instance_mismatch', `this is environment process ${actual}, not ${expected} (it restarted)`);
+}
 
 export const RunRequestSchema = z.strictObject({
   episode_id: EpisodeIdSchema,

@@ -5,7 +5,7 @@
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
-import { INSTANCE_HEADER, RunRequestSchema } from '../../protocol/tasks.js';
+import { assertExpectedInstance, INSTANCE_HEADER, RunRequestSchema } from '../../protocol/tasks.js';
 import { createGymApp } from '../common/app.js';
 import { callJson } from '../common/http-client.js';
 import { sendRefusal } from '../common/metrics.js';
@@ -80,10 +80,7 @@ export async function buildEnvironment(ctx: ServerContext, options: EnvironmentO
   app.post('/run', async (req, reply) => {
     // Ours: a controller that dispatched to an earlier process of this server (before a crash)
     // must not start the attempt again from its input here; it restores and redispatches instead.
-    const expected = req.headers[INSTANCE_HEADER];
-    if (plane && typeof expected === 'string' && expected !== plane.instanceId) {
-      throw refuse('instance_mismatch', `this is environment process ${plane.instanceId}, not ${expected} (it restarted)`);
-    }
+    if (plane) assertExpectedInstance(req.headers[INSTANCE_HEADER], plane.instanceId);
     const parsed = RunRequestSchema.safeParse(req.body);
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!;

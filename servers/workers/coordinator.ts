@@ -83,7 +83,7 @@ export class WorkerCoordinator implements ControlSurface {
     const key = scopeKey(req.episode_ids);
     const current = this.join;
     if (current && current.id === req.checkpoint_id && current.scopeKey === key && !current.stopped) return current.task;
-    const state: JoinState = { id: req.checkpoint_id, scopeKey: key, stopped: false, task: Promise.resolve(undefined as never) };
+    const state = { id: req.checkpoint_id, scopeKey: key, stopped: false } as JoinState;
     state.task = this.runCommit(req, state);
     state.task.catch(() => {
       if (this.join === state) this.join = undefined;

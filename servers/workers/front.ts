@@ -4,8 +4,7 @@
 // byte for byte, as a stream of the front's one HTTP/2 connection to that worker's Unix socket. Requests that name no rollout spread round-robin.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import http2 from 'node:http2';
-import { refuse } from '../../protocol/errors.js';
-import { INSTANCE_HEADER } from '../../protocol/tasks.js';
+import { assertExpectedInstance, INSTANCE_HEADER } from '../../protocol/tasks.js';
 import { createGymApp } from '../common/app.js';
 import { mountControlPlane } from '../control/plugin.js';
 import type { WorkerCoordinator } from './coordinator.js';
@@ -46,10 +45,7 @@ export async function buildFront(opts: FrontOptions): Promise<FastifyInstance> {
       if (rollout === undefined && req.method === 'POST' && req.url.split('?')[0] === '/run' && body) {
         rollout = rolloutOfRunBody(body);
         // The controller names the environment instance it dispatched to: the server's, not a worker's.
-        const expected = req.headers[INSTANCE_HEADER];
-        if (opts.coordinator && typeof expected === 'string' && expected !== opts.coordinator.instanceId) {
-          throw refuse('instance_mismatch', `this is environment process ${opts.coordinator.instanceId}, not ${expected} (it restarted)`);
-        }
+        if (opts.coordinator) assertExpectedInstance(req.headers[INSTANCE_HEADER], opts.coordinator.instanceId);
       }
       const worker = rollout === undefined ? next++ % links.length : ownerOf(rollout, links.length);
       return forward(links[worker]!, req, reply, url, body);
