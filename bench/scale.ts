@@ -28,8 +28,8 @@
 // episodes (20,000 here: ~9,900), and the benchmark refuses a size that does not fit.
 //
 // --workers w: the environment servers, agent and policy model each run as w worker processes
-// behind their one URL (docs/multi-worker.md): the front holds one descriptor per held episode,
-// each worker two per episode it owns.
+// behind their one URL (docs/multi-worker.md): the front hands each connection to its worker and
+// keeps none; each worker holds two descriptors per episode it owns.
 //
 // --profile <dir>: the restored Gym processes are CPU-profiled from start to exit (a preload
 // module; a SIGKILLed process writes no profile, and NODE_OPTIONS refuses --cpu-prof); their
@@ -395,8 +395,8 @@ process.on('exit', () => {
  */
 function checkDescriptors(held: number, shards: number, workers: number): void {
   const limit = Number(/Max open files\s+(\d+)/.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? Infinity);
-  // With workers, a front holds one per episode of its shard and each worker two per episode it owns.
-  const perShard = workers > 1 ? Math.max(Math.ceil(held / shards), 2 * Math.ceil(held / shards / workers)) + 200 : 2 * Math.ceil(held / shards) + 200;
+  // With workers, each worker holds two per episode it owns (the front hands connections over and keeps none).
+  const perShard = 2 * Math.ceil(held / shards / workers) + 200;
   const need = Math.max(perShard, held + 200);
   if (need > limit) {
     const shardsNeeded = Math.ceil((2 * held) / (limit - 200));

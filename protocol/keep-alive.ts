@@ -7,3 +7,10 @@ export const SERVER_KEEP_ALIVE_MS = 65_000;
 
 /** undici Agent/Pool options: idle sockets live at most 30 s, whatever the server's hint. */
 export const CLIENT_KEEP_ALIVE = { keepAliveTimeout: 30_000, keepAliveMaxTimeout: 30_000 } as const;
+
+/**
+ * The listen backlog of every Gym server (the kernel caps it at net.core.somaxconn). A checkpoint's
+ * resume lets thousands of held episodes go at once, and each may open a connection in the same
+ * instant; Node's default of 511 dropped the rest of such a burst (connect timeouts at 6,000 held).
+ */
+export const SERVER_LISTEN_BACKLOG = 65_535;

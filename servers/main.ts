@@ -1,19 +1,22 @@
 // One Gym server process: `tsx servers/main.ts --deployment <yaml> --name <server> --endpoints <json>`.
 // The launcher starts one per server (each its own process group); tests may too. A server with
 // `workers: N > 1` runs as a front on its URL and N workers it starts itself (`--worker i --socket
-// PATH`, docs/multi-worker.md).
+// PATH --instance-id ID`, docs/multi-worker.md).
 // OTEL_EXPORTER_OTLP_ENDPOINT set: traces its control calls and `/run`s (servers/common/tracing.ts).
+import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { SERVER_LISTEN_BACKLOG } from '../protocol/keep-alive.js';
 import { ConfigError, parseConfig } from './common/config-error.js';
 import { EndpointsSchema, loadDeployment, sessionSecretOf, type Deployment, type ServerEntry } from './common/deployment.js';
-import { serveAsWorker } from './common/app.js';
 import { closeDataAgent } from './common/http-client.js';
 import type { ServerContext } from './common/server-context.js';
+import { adoptServerInstanceId } from './control/control-plane.js';
 import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing } from './common/tracing.js';
 import { loadServerModule } from './registry.js';
 import { WorkerCoordinator } from './workers/coordinator.js';
 import { buildFront } from './workers/front.js';
+import { acceptHandoffs } from './workers/handoff.js';
 import { announceWorkerReady, spawnWorkers } from './workers/spawn-workers.js';
 
 async function main(): Promise<void> {
@@ -24,6 +27,7 @@ async function main(): Promise<void> {
       endpoints: { type: 'string' },
       worker: { type: 'string' },
       socket: { type: 'string' },
+      'instance-id': { type: 'string' },
     },
   });
   if (!values.deployment || !values.name || !values.endpoints) {
@@ -51,7 +55,7 @@ async function main(): Promise<void> {
     await runFront(values.name, entry, deployment, me.url, process.argv.slice(1));
     return;
   }
-  if (values.worker !== undefined) serveAsWorker();
+  if (values['instance-id'] !== undefined) adoptServerInstanceId(values['instance-id']);
   const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   const ctx: ServerContext = {
     name: values.name,
@@ -64,11 +68,13 @@ async function main(): Promise<void> {
   };
   const app = await mod.build(ctx, options);
   if (values.socket !== undefined) {
+    // Its socket takes the front's control calls; callers' connections come handed over by the front.
     await app.listen({ path: values.socket });
+    acceptHandoffs(app.server);
     app.log.info({ worker: Number(values.worker), socket: values.socket }, 'worker listening');
     announceWorkerReady();
   } else {
-    await app.listen({ host: '127.0.0.1', port: Number(new URL(me.url).port) });
+    await app.listen({ host: '127.0.0.1', port: Number(new URL(me.url).port), backlog: SERVER_LISTEN_BACKLOG });
     app.log.info({ url: me.url }, 'listening');
   }
   const shutdown = (): void => {
@@ -84,11 +90,13 @@ async function main(): Promise<void> {
 
 /** The front of a multi-worker server: its workers first, then the server's URL; gone when any worker is. */
 async function runFront(name: string, entry: ServerEntry, deployment: Deployment, url: string, args: string[]): Promise<void> {
-  const workers = await spawnWorkers({ workers: entry.workers, args });
+  const instanceId = randomUUID();
+  const workers = await spawnWorkers({ workers: entry.workers, args, instanceId });
   const token = deployment.checkpoint.enabled ? deployment.checkpoint.control_auth_token! : undefined;
-  const coordinator = token ? new WorkerCoordinator({ kind: entry.kind, instance: name, token, sockets: workers.sockets }) : undefined;
-  const app = await buildFront({ name, kind: entry.kind, sockets: workers.sockets, coordinator, token, logLevel: process.env.LOG_LEVEL ?? 'info' });
-  await app.listen({ host: '127.0.0.1', port: Number(new URL(url).port) });
+  const coordinator = token ? new WorkerCoordinator({ kind: entry.kind, instance: name, instanceId, token, sockets: workers.sockets }) : undefined;
+  const front = await buildFront({ name, kind: entry.kind, workers: workers.processes, coordinator, token, logLevel: process.env.LOG_LEVEL ?? 'info' });
+  await front.listen(Number(new URL(url).port));
+  const app = front.app;
   app.log.info({ url, workers: entry.workers }, 'listening');
   void workers.lost.then((why) => {
     // One worker gone is the whole server gone: the controller sees a new instance when it is back.
@@ -98,7 +106,7 @@ async function runFront(name: string, entry: ServerEntry, deployment: Deployment
   });
   const shutdown = (): void => {
     workers.kill();
-    void app.close().finally(() => process.exit(0));
+    void front.close().finally(() => process.exit(0));
   };
   process.once('SIGTERM', shutdown);
   process.once('SIGINT', shutdown);

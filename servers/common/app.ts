@@ -2,7 +2,6 @@
 // error envelope (each one counted), and the `/ng-rollout/<capture key>` prefix stripped before
 // routing (control-plane.md §2.4) with the decoded episode kept on the request.
 import type { IncomingMessage } from 'node:http';
-import { createServer as createHttp2Server, type Http2ServerRequest, type Http2ServerResponse } from 'node:http2';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { isProtocolError, ProtocolError } from '../../protocol/errors.js';
 import { parseRolloutPath, type RolloutPath } from '../../protocol/ids.js';
@@ -23,34 +22,8 @@ export interface GymAppOptions {
   processMetrics?: boolean;
 }
 
-let workerTransport = false;
-
-/**
- * This process is a worker of a multi-worker server (servers/workers): its apps speak HTTP/2 over
- * the Unix socket its front forwards on, so thousands of parked calls share one connection
- * instead of holding one descriptor each on both sides.
- */
-export function serveAsWorker(): void {
-  workerTransport = true;
-}
-
 export function createGymApp(opts: GymAppOptions): FastifyInstance {
-  const transport = workerTransport
-    ? {
-        http2: true as const,
-        // No session timeout, no stream cap, room for every parked call's buffers.
-        http2SessionTimeout: 0,
-        serverFactory: (handler: (req: Http2ServerRequest, res: Http2ServerResponse) => void) => {
-          const server = createHttp2Server({ maxSessionMemory: 4096, settings: { maxConcurrentStreams: 1_000_000 } }, handler);
-          // One slow stream must not hold the others back: the connection's window is large.
-          server.on('session', (session) => session.setLocalWindowSize(1 << 30));
-          return server;
-        },
-      }
-    : {};
-  // The HTTP/2 app serves the same routes through Node's compatibility API; typed as the HTTP/1 app.
   const app = Fastify({
-    ...(transport as object),
     logger: { level: opts.logLevel ?? process.env.LOG_LEVEL ?? 'info', base: { server: opts.name, kind: opts.kind } },
     bodyLimit: opts.bodyLimit ?? 64 * 1024 * 1024,
     // Long /run calls and parked requests must not be cut by the server side.
@@ -63,7 +36,7 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
       (req as WithRollout)[ROLLOUT] = parsed;
       return parsed.rest;
     },
-  }) as unknown as FastifyInstance;
+  });
   // Decided once per app: a process that does not trace has no tracing hooks at all.
   if (tracingOn()) traceGymRequests(app, { name: opts.name, kind: opts.kind });
   app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));

@@ -74,6 +74,16 @@ interface RestoreState {
   reply: RestoreReply;
 }
 
+let serverInstanceId: string | undefined;
+
+/**
+ * A worker of a multi-worker server (servers/workers) takes its server's identity: the controller,
+ * and the environment's `x-ng-instance-id` check, see one instance, however many workers serve it.
+ */
+export function adoptServerInstanceId(id: string): void {
+  serverInstanceId = id;
+}
+
 export class ControlPlane {
   readonly instance: string;
   readonly kind: Kind;
@@ -83,7 +93,7 @@ export class ControlPlane {
    * Ours (beyond Gym): identifies this process, so a controller can tell a participant that came
    * back fresh after a crash from one that kept its state.
    */
-  readonly instanceId = randomUUID();
+  readonly instanceId = serverInstanceId ?? randomUUID();
 
   private phase: Phase = 'idle';
   private checkpointId: string | null = null;

@@ -243,8 +243,8 @@ function isEventStream(headers: IncomingHttpHeaders): boolean {
 function abortOnCallerGone(reply: FastifyReply): AbortController {
   const abort = new AbortController();
   reply.raw.once('close', () => {
-    // Not `writableFinished`: under HTTP/2 (a worker of a multi-worker server) a reset stream reports
-    // finished; `writableEnded` is false on both transports until we answered.
+    // `writableEnded`: false until we answered, whatever the transport (an HTTP/2 stream reset by
+    // its peer reports `writableFinished`).
     if (!reply.raw.writableEnded) abort.abort(new Error('the caller went away'));
   });
   return abort;

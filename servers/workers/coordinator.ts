@@ -3,7 +3,6 @@
 // call out to all of them, with the same body (or, for per-episode calls, each its own episodes),
 // and answers once from their answers: one status, one phase, one instance identity, one
 // manifest (storage/join.ts). A worker's refusal is the server's refusal.
-import { randomUUID } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import {
   CONTROL_PREFIX,
@@ -30,11 +29,13 @@ import { joinWorkerRecords, workerPartDir } from '../control/storage/join.js';
 import { participantDir } from '../control/storage/paths.js';
 import { mergeExtras, mergeReports, mergeStatus } from './merge.js';
 import { partition } from './owner.js';
-import { WorkerLink } from './worker-link.js';
+import { ControlLink } from './control-link.js';
 
 export interface CoordinatorOptions {
   kind: string;
   instance: string;
+  /** The server's identity (its workers take it too): a worker that dies takes the whole server with it, so a new front is a new instance. */
+  instanceId: string;
   token: string;
   /** The workers' Unix sockets, in worker order. */
   sockets: readonly string[];
@@ -48,20 +49,19 @@ interface JoinState {
 }
 
 export class WorkerCoordinator implements ControlSurface {
-  /** The server's identity: a worker that dies takes the whole server with it, so a new front is a new instance. */
-  readonly instanceId = randomUUID();
-  private readonly links: WorkerLink[];
+  readonly instanceId: string;
+  private readonly links: ControlLink[];
   /** The one join per checkpoint ID (a retried commit awaits it); resume stops it before its manifest. */
   private join: JoinState | undefined;
   private readonly joinLock = new Mutex();
 
   constructor(private readonly opts: CoordinatorOptions) {
-    // Its own connections, apart from the data plane's.
-    this.links = opts.sockets.map((socket) => new WorkerLink(socket));
+    this.instanceId = opts.instanceId;
+    this.links = opts.sockets.map((socket) => new ControlLink(socket));
   }
 
-  close(): void {
-    for (const l of this.links) l.close();
+  async close(): Promise<void> {
+    await Promise.all(this.links.map((l) => l.close()));
   }
 
   async status(): Promise<StatusReply> {
@@ -181,7 +181,7 @@ export class WorkerCoordinator implements ControlSurface {
     if (body !== undefined) headers['content-type'] = 'application/json';
     let res: { status: number; text: string };
     try {
-      res = await this.links[index]!.json(method, `${CONTROL_PREFIX}/${op}`, headers, body);
+      res = await this.links[index]!.call(method, `${CONTROL_PREFIX}/${op}`, headers, body);
     } catch (err) {
       throw refuse('checkpoint_coordinator_unavailable', `worker ${index} did not answer ${op}: ${(err as Error).message}`);
     }

@@ -1,82 +1,100 @@
-// The front of a multi-worker server (docs/multi-worker.md): the server's one URL. It answers
-// `/healthz` and `/metrics` itself, serves the control routes as the one participant
-// (coordinator.ts), and hands every other request to the worker that owns its rollout (owner.ts),
-// byte for byte, as a stream of the front's one HTTP/2 connection to that worker's Unix socket. Requests that name no rollout spread round-robin.
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import http2 from 'node:http2';
-import { assertExpectedInstance, INSTANCE_HEADER } from '../../protocol/tasks.js';
+// The front of a multi-worker server (docs/multi-worker.md): the server's one URL. It reads the
+// start of each connection's first request and hands the connection to the worker that owns the
+// request's rollout (owner.ts, handoff.ts); requests that name no rollout spread round-robin.
+// `/healthz`, `/metrics` and the control routes it serves itself (the control routes as the one
+// participant, coordinator.ts), on the same connection.
+import type { ChildProcess } from 'node:child_process';
+import net from 'node:net';
+import type { FastifyInstance } from 'fastify';
+import { CONTROL_PREFIX } from '../../protocol/control.js';
+import { refuse } from '../../protocol/errors.js';
+import { SERVER_LISTEN_BACKLOG } from '../../protocol/keep-alive.js';
 import { createGymApp } from '../common/app.js';
 import { mountControlPlane } from '../control/plugin.js';
 import type { WorkerCoordinator } from './coordinator.js';
+import { handOff, serveConnection } from './handoff.js';
 import { ownerOf, rolloutOfRunBody, rolloutOfUrl } from './owner.js';
-import { responseOf, WorkerLink } from './worker-link.js';
+import { readRequestStart, type RequestStart } from './request-start.js';
 
 export interface FrontOptions {
   name: string;
   kind: string;
-  sockets: readonly string[];
+  /** The worker processes, in worker order (their IPC channels take the connections). */
+  workers: readonly ChildProcess[];
   /** Set when checkpointing is on: the control routes, fanned out to the workers. */
   coordinator?: WorkerCoordinator;
   token?: string;
   logLevel?: string;
 }
 
-// Hop-by-hop headers (RFC 9110 §7.6.1), which HTTP/2 forbids, and the ones the next hop sets itself.
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'host', 'content-length']);
-const HOP_BY_HOP_REPLY = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'trailer', 'upgrade']);
-
-export async function buildFront(opts: FrontOptions): Promise<FastifyInstance> {
-  const app = createGymApp({ name: opts.name, kind: opts.kind, logLevel: opts.logLevel });
-  const links = opts.sockets.map((socket) => new WorkerLink(socket));
-  app.addHook('onClose', async () => {
-    for (const l of links) l.close();
-  });
-  if (opts.coordinator) await mountControlPlane(app, { plane: opts.coordinator, token: opts.token! });
-  let next = 0;
-
-  await app.register(async (data) => {
-    // Bodies pass through untouched; only an environment `/run` is read, for its rollout ID.
-    data.removeAllContentTypeParsers();
-    data.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
-    data.all('/*', async (req: FastifyRequest, reply: FastifyReply) => {
-      const url = req.originalUrl;
-      const body = Buffer.isBuffer(req.body) ? req.body : undefined;
-      let rollout = rolloutOfUrl(url);
-      if (rollout === undefined && req.method === 'POST' && req.url.split('?')[0] === '/run' && body) {
-        rollout = rolloutOfRunBody(body);
-        // The controller names the environment instance it dispatched to: the server's, not a worker's.
-        if (opts.coordinator) assertExpectedInstance(req.headers[INSTANCE_HEADER], opts.coordinator.instanceId);
-      }
-      const worker = rollout === undefined ? next++ % links.length : ownerOf(rollout, links.length);
-      return forward(links[worker]!, req, reply, url, body);
-    });
-  });
-  return app;
+export interface Front {
+  /** The front's own app: health, metrics, the control plane. */
+  app: FastifyInstance;
+  listen(port: number): Promise<void>;
+  close(): Promise<void>;
 }
 
-async function forward(link: WorkerLink, req: FastifyRequest, reply: FastifyReply, url: string, body: Buffer | undefined): Promise<FastifyReply> {
-  const headers: http2.OutgoingHttpHeaders = { ':method': req.method, ':path': url };
-  for (const [k, v] of Object.entries(req.headers)) {
-    if (v === undefined || HOP_BY_HOP.has(k) || k === INSTANCE_HEADER) continue;
-    headers[k] = v;
-  }
-  const stream = link.request(headers, body);
-  // A caller that gives up (a cancelled episode, a crash) gives up on the worker too.
-  const onClose = (): void => {
-    if (!reply.raw.writableEnded) stream.close(http2.constants.NGHTTP2_CANCEL);
+/** The largest environment `/run` body the front reads for its rollout (the app's own limit). */
+const MAX_RUN_BODY_BYTES = 64 * 1024 * 1024;
+
+export async function buildFront(opts: FrontOptions): Promise<Front> {
+  const app = createGymApp({ name: opts.name, kind: opts.kind, logLevel: opts.logLevel });
+  if (opts.coordinator) await mountControlPlane(app, { plane: opts.coordinator, token: opts.token! });
+  // What reaches the front's own app without being its route: a /run it could not route.
+  app.all('/*', async (req) => {
+    throw refuse(
+      'invalid_request',
+      `${req.method} ${req.url}: a server with workers reads the rollout of a /run before it hands it to one: send the body with a content-length, at most ${MAX_RUN_BODY_BYTES} bytes`,
+    );
+  });
+  // One request per connection, as on the workers: the next may belong to a worker.
+  app.server.prependListener('request', (_req, res) => res.setHeader('connection', 'close'));
+  await app.ready();
+
+  let next = 0;
+  const route = async (socket: net.Socket): Promise<void> => {
+    socket.on('error', () => socket.destroy());
+    const start = await readRequestStart(socket, wantsRunBody, MAX_RUN_BODY_BYTES);
+    if (!start) return;
+    const worker = start.malformed || isFrontRoute(start.target) ? undefined : ownerOfRequest(start, opts.workers.length, () => next++);
+    if (worker === undefined) serveConnection(app.server, socket, start.bytes);
+    else handOff(opts.workers[worker]!, socket, start.bytes);
   };
-  reply.raw.once('close', onClose);
-  let head: http2.IncomingHttpHeaders;
-  try {
-    head = await responseOf(stream);
-  } catch {
-    // No answer from the worker (it withheld one, or it is gone): none for the caller either.
-    reply.hijack();
-    reply.raw.destroy();
-    return reply;
+  const server = net.createServer((socket) => void route(socket));
+  return {
+    app,
+    listen: (port) =>
+      new Promise((resolve, reject) => {
+        server.once('error', reject);
+        server.listen({ port, host: '127.0.0.1', backlog: SERVER_LISTEN_BACKLOG }, () => resolve());
+      }),
+    close: async () => {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await app.close();
+    },
+  };
+}
+
+function isFrontRoute(target: string): boolean {
+  const path = target.split('?')[0]!;
+  return path === '/healthz' || path === '/metrics' || path.startsWith(`${CONTROL_PREFIX}/`);
+}
+
+function isRun(start: RequestStart): boolean {
+  return start.method === 'POST' && start.target.split('?')[0] === '/run';
+}
+
+function wantsRunBody(start: RequestStart): boolean {
+  return isRun(start);
+}
+
+/** The worker of a request; undefined for a `/run` the front could not read (its own app refuses it). */
+function ownerOfRequest(start: RequestStart, workers: number, roundRobin: () => number): number | undefined {
+  let rollout = rolloutOfUrl(start.target);
+  if (rollout === undefined && isRun(start)) {
+    if (!start.body) return undefined;
+    // A body without a rollout goes to any worker, which answers the typed refusal.
+    rollout = rolloutOfRunBody(start.body);
   }
-  reply.code(Number(head[':status']));
-  for (const [k, v] of Object.entries(head)) if (v !== undefined && !k.startsWith(':') && !HOP_BY_HOP_REPLY.has(k)) reply.header(k, v);
-  // Streamed through (a model's event stream arrives as it is generated).
-  return reply.send(stream);
+  return rollout === undefined ? roundRobin() % workers : ownerOf(rollout, workers);
 }

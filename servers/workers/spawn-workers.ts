@@ -1,5 +1,5 @@
 // The worker processes of a multi-worker server (docs/multi-worker.md): the same server program
-// started N times with `--worker i --socket PATH`, in the front's process group (a group kill stops
+// started N times with `--worker i --socket PATH --instance-id ID`, in the front's process group (a group kill stops
 // them all), each serving on its own Unix socket in a private runtime directory. A worker exits
 // when the front goes away (its IPC channel closes); the front exits when any worker does, so the
 // server lives and dies as one process would.
@@ -9,6 +9,9 @@ import net from 'node:net';
 import path from 'node:path';
 
 export interface RunningWorkers {
+  /** The worker processes, in worker order (each takes handed-off connections on its IPC channel). */
+  processes: ChildProcess[];
+  /** Their Unix sockets, in worker order (the control calls of the front go there). */
   sockets: string[];
   /** Resolves with a description once the first worker exits (the server is then gone). */
   lost: Promise<string>;
@@ -20,6 +23,8 @@ export interface SpawnWorkersOptions {
   workers: number;
   /** The arguments of this process (`servers/main.ts --deployment … --name … --endpoints …`). */
   args: readonly string[];
+  /** The server's identity, which every worker takes as its own. */
+  instanceId: string;
   readyTimeoutMs?: number;
 }
 
@@ -39,7 +44,7 @@ export async function spawnWorkers(opts: SpawnWorkersOptions): Promise<RunningWo
     rmSync(dir, { recursive: true, force: true });
   };
   const ready = sockets.map((socket, i) => {
-    const child = spawn(process.execPath, [...process.execArgv, ...opts.args, '--worker', String(i), '--socket', socket], {
+    const child = spawn(process.execPath, [...process.execArgv, ...opts.args, '--worker', String(i), '--socket', socket, '--instance-id', opts.instanceId], {
       stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
     });
     children.push(child);
@@ -62,7 +67,7 @@ export async function spawnWorkers(opts: SpawnWorkersOptions): Promise<RunningWo
   } finally {
     clearTimeout(timer);
   }
-  return { sockets, lost, kill };
+  return { processes: children, sockets, lost, kill };
 }
 
 /** In a worker: tell the front it serves, and go when the front goes. */

@@ -13,7 +13,7 @@ import { killDeployment, restartDeployment } from '../../../servers/launcher/lau
 import { readRunState } from '../../../servers/launcher/run-dir.js';
 import { ownerOf } from '../../../servers/workers/owner.js';
 import { runtimeDirOf, workerPid } from '../../../servers/workers/spawn-workers.js';
-import { WorkerLink } from '../../../servers/workers/worker-link.js';
+import { ControlLink } from '../../../servers/workers/control-link.js';
 import { waitFor } from '../../helpers/wait.js';
 import {
   baseline,
@@ -67,12 +67,12 @@ async function workerStatuses(server: string): Promise<Status[]> {
   const dir = runtimeDir(server);
   const out: Status[] = [];
   for (const i of [0, 1]) {
-    const link = new WorkerLink(join(dir, `w${i}.sock`));
+    const link = new ControlLink(join(dir, `w${i}.sock`));
     try {
-      const r = await link.json('GET', `${CONTROL_PREFIX}/status`, { authorization: `Bearer ${TOKEN}` });
+      const r = await link.call('GET', `${CONTROL_PREFIX}/status`, { authorization: `Bearer ${TOKEN}` });
       out.push(JSON.parse(r.text) as Status);
     } finally {
-      link.close();
+      await link.close();
     }
   }
   return out;
@@ -91,12 +91,12 @@ describe('servers with workers: 2', () => {
       expect(whole).toMatchObject({ workers: 2, expected_workers: 2, phase: 'idle' });
       expect(whole.report.counts[live[server]!]).toBe(1);
       const parts = await workerStatuses(server);
-      // The episode's state is on its owner only; the identity is the server's, not a worker's.
+      // The episode's state is on its owner only; every worker carries the server's one identity.
       expect(
         parts.map((p) => p.report.counts[live[server]!]),
         server,
       ).toEqual(owner === 0 ? [1, 0] : [0, 1]);
-      for (const p of parts) expect(p.instance_id).not.toBe(whole.instance_id);
+      for (const p of parts) expect(p.instance_id).toBe(whole.instance_id);
     }
     await g().backend.reset();
     await g().backend.release();

@@ -1,0 +1,60 @@
+// A caller's connection handed from the front to the worker that owns its request (docs/multi-worker.md):
+// the socket itself goes over the worker's IPC channel, with the bytes the front already read, and
+// the worker serves it as if it had accepted it (the pattern of Node's cluster module and of
+// @socket.io/sticky). The front relays no byte and keeps no descriptor of a call in flight.
+//
+// Why not a relay: over HTTP/2 (one connection per worker, a stream per call) Node's session stops
+// reading its socket while one of its own writes is pending, so a burst both ways (replies released
+// by a checkpoint one way, the next calls the other) stalled front and worker for good: the scale
+// benchmark hung at 6,000 held episodes. Over HTTP/1.1 the front would hold two descriptors per
+// parked call, the single process's ceiling again.
+//
+// A handed-off connection carries one request (the response says `connection: close`): the next
+// request of that caller may belong to another worker, so it comes back through the front.
+import type { ChildProcess } from 'node:child_process';
+import type { Server } from 'node:http';
+import { Socket } from 'node:net';
+
+interface HandoffMessage {
+  ng_handoff: 1;
+  /** What the front read from the connection (base64): the worker's parser starts with it. */
+  bytes: string;
+}
+
+/** In the front: passes `socket` (paused, nothing more read from it here) to `worker`. */
+export function handOff(worker: ChildProcess, socket: Socket, bytes: Buffer): void {
+  socket.pause();
+  const message: HandoffMessage = { ng_handoff: 1, bytes: bytes.toString('base64') };
+  // The front's copy of the descriptor is closed once the worker has it.
+  worker.send(message, socket, { keepOpen: false }, (err) => {
+    if (err) socket.destroy();
+  });
+}
+
+/** In a worker: serves every connection its front hands over on `server`, one request each. */
+export function acceptHandoffs(server: Server): void {
+  const handedOff = new WeakSet<Socket>();
+  // Before the app's own listener, so even a reply sent at once carries it.
+  server.prependListener('request', (req, res) => {
+    if (handedOff.has(req.socket as Socket)) res.setHeader('connection', 'close');
+  });
+  process.on('message', (message: unknown, socket: unknown) => {
+    if (!isHandoff(message) || !(socket instanceof Socket)) return;
+    handedOff.add(socket);
+    serveConnection(server, socket, Buffer.from(message.bytes, 'base64'));
+  });
+}
+
+/** Serves `socket` on `server` as an accepted connection whose first `bytes` were already read. */
+export function serveConnection(server: Server, socket: Socket, bytes: Buffer): void {
+  server.emit('connection', socket);
+  // Ahead of anything still to come on the socket.
+  if (bytes.length > 0) socket.emit('data', bytes);
+  socket.resume();
+}
+
+function isHandoff(message: unknown): message is HandoffMessage {
+  return (
+    typeof message === 'object' && message !== null && (message as HandoffMessage).ng_handoff === 1 && typeof (message as HandoffMessage).bytes === 'string'
+  );
+}
