@@ -12,6 +12,7 @@ import { EndpointsSchema, loadDeployment, sessionSecretOf, type Deployment, type
 import { closeDataAgent } from './common/http-client.js';
 import type { ServerContext } from './common/server-context.js';
 import { adoptServerInstanceId } from './control/control-plane.js';
+import { setWorkerRole } from './control/storage/worker-role.js';
 import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing } from './common/tracing.js';
 import { loadServerModule } from './registry.js';
 import { WorkerCoordinator } from './workers/coordinator.js';
@@ -56,6 +57,7 @@ async function main(): Promise<void> {
     return;
   }
   if (values['instance-id'] !== undefined) adoptServerInstanceId(values['instance-id']);
+  if (values.worker !== undefined) setWorkerRole({ index: Number(values.worker), of: entry.workers });
   const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   const ctx: ServerContext = {
     name: values.name,
@@ -98,15 +100,21 @@ async function runFront(name: string, entry: ServerEntry, deployment: Deployment
   await front.listen(Number(new URL(url).port));
   const app = front.app;
   app.log.info({ url, workers: entry.workers }, 'listening');
+  let stopping = false;
   void workers.lost.then((why) => {
+    if (stopping) return;
     // One worker gone is the whole server gone: the controller sees a new instance when it is back.
     app.log.error({ why }, 'a worker exited; the server stops');
     workers.kill();
     process.exit(1);
   });
   const shutdown = (): void => {
-    workers.kill();
-    void front.close().finally(() => process.exit(0));
+    stopping = true;
+    // The workers go first, each as a process told to stop does (it may write what it keeps on exit).
+    void workers
+      .stop(5_000)
+      .then(() => front.close())
+      .finally(() => process.exit(0));
   };
   process.once('SIGTERM', shutdown);
   process.once('SIGINT', shutdown);

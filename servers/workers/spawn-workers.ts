@@ -17,6 +17,8 @@ export interface RunningWorkers {
   lost: Promise<string>;
   /** SIGKILLs every worker still running and removes the runtime directory. */
   kill(): void;
+  /** A graceful stop: each worker's IPC channel closes (it exits as when the front goes); stragglers are killed after `graceMs`. */
+  stop(graceMs: number): Promise<void>;
 }
 
 export interface SpawnWorkersOptions {
@@ -67,7 +69,16 @@ export async function spawnWorkers(opts: SpawnWorkersOptions): Promise<RunningWo
   } finally {
     clearTimeout(timer);
   }
-  return { processes: children, sockets, lost, kill };
+  const stop = async (graceMs: number): Promise<void> => {
+    const running = children.filter((c) => c.exitCode === null && c.signalCode === null);
+    const exited = running.map((c) => new Promise<void>((resolve) => c.once('exit', () => resolve())));
+    for (const c of running) if (c.connected) c.disconnect();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([Promise.all(exited), new Promise<void>((resolve) => (timer = setTimeout(resolve, graceMs)))]);
+    clearTimeout(timer);
+    kill();
+  };
+  return { processes: children, sockets, lost, kill, stop };
 }
 
 /** In a worker: tell the front it serves, and go when the front goes. */

@@ -1,7 +1,7 @@
 // A multi-worker server's pure parts (servers/workers, docs/multi-worker.md): which worker owns a
 // rollout, how the workers' answers become one participant's, and the one records file joined
 // from the workers' parts.
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -10,6 +10,7 @@ import { ProtocolError } from '../../protocol/errors.js';
 import { joinWorkerRecords, workerPartDir } from '../../servers/control/storage/join.js';
 import { participantDir } from '../../servers/control/storage/paths.js';
 import { readRecords } from '../../servers/control/storage/reader.js';
+import { setWorkerRole } from '../../servers/control/storage/worker-role.js';
 import { writeRecords } from '../../servers/control/storage/writer.js';
 import { mergeExtras, mergeReports, mergeStatus } from '../../servers/workers/merge.js';
 import { ownerOf, partition, rolloutOfRunBody, rolloutOfUrl } from '../../servers/workers/owner.js';
@@ -105,6 +106,35 @@ describe('joinWorkerRecords', () => {
     const read = await readRecords({ checkpointDir: root, kind: KIND, instance: NAME, scope: null });
     expect(read.records.map((r) => r.episode_id.rollout_id)).toEqual(['a', 'b', 'c']);
     expect(await joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p })).toEqual(manifest);
+  });
+
+  it('a worker of a server with as many workers reads its own part only, checked against its own digest; any other reader the whole file', async () => {
+    const p = await parts([[rec('a'), rec('b')], [], [rec('c')]]);
+    const manifest = await joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p });
+    expect((manifest as { worker_parts?: unknown }).worker_parts).toEqual(
+      p.map((x) => ({ bytes: expect.any(Number), records: x.manifest.record_count, sha256: x.manifest.records_sha256 })),
+    );
+    const ids = async () => (await readRecords({ checkpointDir: root, kind: KIND, instance: NAME, scope: null })).records.map((r) => r.episode_id.rollout_id);
+    try {
+      setWorkerRole({ index: 0, of: 3 });
+      expect(await ids()).toEqual(['a', 'b']);
+      setWorkerRole({ index: 1, of: 3 });
+      expect(await ids()).toEqual([]);
+      setWorkerRole({ index: 2, of: 3 });
+      expect(await ids()).toEqual(['c']);
+      setWorkerRole({ index: 0, of: 2 }); // another number of workers: the whole file
+      expect(await ids()).toEqual(['a', 'b', 'c']);
+      // A part whose bytes changed fails that worker's read, naming its part.
+      setWorkerRole({ index: 2, of: 3 });
+      const file = path.join(participantDir(root, KIND, NAME), manifest.records_file);
+      const text = readFileSync(file, 'utf8');
+      writeFileSync(file, text.replace('"n":"c"', '"n":"d"'));
+      await expect(ids()).rejects.toThrow(/worker 2's part of the records file .* does not match its digest/);
+      setWorkerRole({ index: 0, of: 3 });
+      expect(await ids()).toEqual(['a', 'b']);
+    } finally {
+      setWorkerRole(undefined);
+    }
   });
 
   it('refuses a part that does not match its manifest, and a join stopped by a resume publishes nothing', async () => {

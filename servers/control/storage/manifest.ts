@@ -25,8 +25,12 @@ export function manifestExtras(extras: Record<string, unknown> | undefined): Rec
   }
 }
 
-/** Creates `manifest.json` only if absent (durably: fsynced, as is its directory); returns `manifest`, or the one already there. */
-export async function publishManifest(dir: string, manifest: Manifest): Promise<Record<string, unknown>> {
+/**
+ * Creates `manifest.json` only if absent (durably: fsynced, as is its directory, unless `sync` is
+ * false); returns `manifest`, or the one already there.
+ */
+export async function publishManifest(dir: string, manifest: Manifest, opts: { sync?: boolean } = {}): Promise<Record<string, unknown>> {
+  const sync = opts.sync !== false;
   const tmp = tempPath(dir, MANIFEST_FILE);
   const target = path.join(dir, MANIFEST_FILE);
   let created = false;
@@ -35,7 +39,7 @@ export async function publishManifest(dir: string, manifest: Manifest): Promise<
     try {
       // As the reference writes it: keys sorted at every level, one-space indent, no trailing newline.
       await fh.writeFile(JSON.stringify(sortKeysDeep(manifest), null, 1));
-      await fh.sync();
+      if (sync) await fh.sync();
     } finally {
       await fh.close();
     }
@@ -49,7 +53,7 @@ export async function publishManifest(dir: string, manifest: Manifest): Promise<
     await fsp.rm(tmp, { force: true });
   }
   if (created) {
-    await fsyncPath(dir);
+    if (sync) await fsyncPath(dir);
     return manifest;
   }
   const existing = await readManifestObject(dir);

@@ -11,6 +11,7 @@ import { RecordsDigest, sharedBuffer } from './digest.js';
 import { readManifest } from './manifest.js';
 import { RecordLines, linesIn } from './record-lines.js';
 import { participantDir, storageError } from './paths.js';
+import { workerRole } from './worker-role.js';
 import { SCAN_THREADS, runScan } from './workers.js';
 
 export interface ReadRecordsOptions {
@@ -58,6 +59,27 @@ export function deferMinBytes(): number {
 
 const CHUNK_BYTES = 8 << 20;
 
+/**
+ * The byte range of this worker's part of a records file joined from as many workers (storage/
+ * join.ts), with the part's own digest and count: it holds every episode this worker owns, and the
+ * other workers check and parse theirs.
+ */
+function ownPart(manifest: Manifest, size: number): { start: number; end: number; sha256: string; records: number } | undefined {
+  const parts = (manifest as { worker_parts?: unknown }).worker_parts;
+  const worker = workerRole();
+  if (!worker || !Array.isArray(parts) || parts.length !== worker.of) return undefined;
+  let start = 0;
+  let own: { start: number; end: number; sha256: string; records: number } | undefined;
+  for (const [i, part] of parts.entries()) {
+    const { bytes, records, sha256 } = (part ?? {}) as { bytes?: unknown; records?: unknown; sha256?: unknown };
+    if (!Number.isSafeInteger(bytes) || !Number.isSafeInteger(records) || typeof sha256 !== 'string') return undefined;
+    if (i === worker.index) own = { start, end: start + (bytes as number), sha256, records: records as number };
+    start += bytes as number;
+  }
+  // The parts must tile the file exactly; otherwise the whole file is read.
+  return start === size ? own : undefined;
+}
+
 export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecordsResult> {
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
   const where = `${opts.kind}/${opts.instance} in ${opts.checkpointDir}`;
@@ -70,14 +92,17 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
     });
     const lines = new RecordLines(manifest.records_file, opts.scope, opts.validate);
     try {
-      const size = (await fh.stat()).size;
+      const fileSize = (await fh.stat()).size;
+      const part = opts.countOnly ? undefined : ownPart(manifest, fileSize);
+      const range = part ?? { start: 0, end: fileSize, sha256: manifest.records_sha256, records: manifest.record_count };
+      const size = range.end - range.start;
       const field = !opts.countOnly && size >= (opts.deferMinBytes ?? deferMinBytes()) ? opts.defer : undefined;
       const scope = opts.scope ? [...opts.scope] : null;
       // Scanned chunks are applied in file order; a few scans run ahead while the next chunk is read.
       let applied: Promise<void> = Promise.resolve();
       const ahead: Promise<void>[] = [];
       const hashed: Promise<void>[] = [];
-      for await (const chunk of wholeLineChunks(fh, size)) {
+      for await (const chunk of wholeLineChunks(fh, range.start, range.end)) {
         hashed.push(digest.update(chunk));
         hashed.at(-1)!.catch(() => {}); // awaited after the digest, which releases a held first chunk
         if (opts.countOnly) lines.count += linesIn(chunk);
@@ -96,11 +121,12 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       await applied;
       const sha256 = await digest.digest();
       await Promise.all(hashed);
-      if (sha256 !== manifest.records_sha256) {
-        throw refuse('invalid_checkpoint_state', `records file of ${where} does not match its digest (sha256 ${sha256}, manifest ${manifest.records_sha256})`);
+      const what = part ? `worker ${workerRole()!.index}'s part of the records file` : 'records file';
+      if (sha256 !== range.sha256) {
+        throw refuse('invalid_checkpoint_state', `${what} of ${where} does not match its digest (sha256 ${sha256}, manifest ${range.sha256})`);
       }
-      if (lines.count !== manifest.record_count) {
-        throw refuse('invalid_checkpoint_state', `records file of ${where} holds ${lines.count} records, manifest says ${manifest.record_count}`);
+      if (lines.count !== range.records) {
+        throw refuse('invalid_checkpoint_state', `${what} of ${where} holds ${lines.count} records, manifest says ${range.records}`);
       }
       return { manifest, records: lines.kept };
     } finally {
@@ -113,22 +139,22 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
 }
 
 /**
- * The file in chunks of whole lines (the last may lack its LF), each in fresh shared memory: kept
- * records may hold views into it, and the threads read it without a copy. Concatenated, the
- * chunks are the file.
+ * The file's bytes from `start` to `end` in chunks of whole lines (the last may lack its LF), each
+ * in fresh shared memory: kept records may hold views into it, and the threads read it without a
+ * copy. Concatenated, the chunks are those bytes.
  */
-async function* wholeLineChunks(fh: FileHandle, size: number): AsyncGenerator<Buffer> {
+async function* wholeLineChunks(fh: FileHandle, start: number, end: number): AsyncGenerator<Buffer> {
   let carry = Buffer.alloc(0);
-  for (let position = 0; position < size || carry.length > 0; ) {
-    const buf = sharedBuffer(Math.max(Math.min(CHUNK_BYTES, size - position + carry.length), carry.length * 2, 1));
+  for (let position = start; position < end || carry.length > 0; ) {
+    const buf = sharedBuffer(Math.max(Math.min(CHUNK_BYTES, end - position + carry.length), carry.length * 2, 1));
     let filled = carry.copy(buf);
-    while (filled < buf.length && position < size) {
-      const { bytesRead } = await fh.read(buf, filled, buf.length - filled, position);
+    while (filled < buf.length && position < end) {
+      const { bytesRead } = await fh.read(buf, filled, Math.min(buf.length - filled, end - position), position);
       if (bytesRead === 0) break;
       filled += bytesRead;
       position += bytesRead;
     }
-    const eof = position >= size || filled < buf.length;
+    const eof = position >= end || filled < buf.length;
     const cut = eof ? filled : buf.lastIndexOf(10, filled - 1) + 1;
     if (cut === 0 && !eof) {
       carry = Buffer.from(buf.subarray(0, filled)); // one line longer than the chunk: grow

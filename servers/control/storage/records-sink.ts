@@ -27,7 +27,11 @@ export class RecordsSink {
   private failure: unknown;
   private closed = false;
 
-  constructor(private readonly fh: FileHandle) {}
+  /** `sync: false`: nothing is fsynced (a worker's part, joined and made durable by its front). */
+  constructor(
+    private readonly fh: FileHandle,
+    private readonly opts: { sync: boolean } = { sync: true },
+  ) {}
 
   /** Appends one record; after a full batch, a promise that yields to the event loop (control routes stay served) and to the disk. */
   add(record: object): Promise<void> | undefined {
@@ -56,7 +60,7 @@ export class RecordsSink {
     // The digest first: a single batch is hashed only then, and its write waits for that.
     const [sha256] = await Promise.all([this.digest.digest(), ...this.inflight, this.syncing]);
     if (this.failure !== undefined) throw this.failure;
-    await this.fh.sync();
+    if (this.opts.sync) await this.fh.sync();
     this.closed = true;
     await this.fh.close();
     return { sha256, count: this.count };
@@ -83,7 +87,7 @@ export class RecordsSink {
     this.pos += chunk.length;
     this.inflight.push(done);
     this.unsynced += chunk.length;
-    if (this.unsynced >= EARLY_SYNC_BYTES) {
+    if (this.opts.sync && this.unsynced >= EARLY_SYNC_BYTES) {
       // Starts disk writeback while we keep encoding (dirty pages otherwise wait for the fsync).
       this.unsynced = 0;
       const written = [...this.inflight, this.syncing];

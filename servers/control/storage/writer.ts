@@ -12,6 +12,7 @@ import { fsyncPath } from '../../common/durable-files.js';
 import { manifestExtras, publishManifest } from './manifest.js';
 import { participantDir, storageError, tempPath } from './paths.js';
 import { RecordsSink } from './records-sink.js';
+import { workerRole } from './worker-role.js';
 
 export interface RecordsWriteOptions {
   checkpointDir: string;
@@ -56,7 +57,9 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
     const extras = manifestExtras(opts.extras);
     await fsp.mkdir(dir, { recursive: true });
     tmp = tempPath(dir, 'records.jsonl');
-    sink = new RecordsSink(await fsp.open(tmp, 'wx'));
+    // A worker's part is joined by its front, which makes the one records file durable.
+    const durable = workerRole() === undefined;
+    sink = new RecordsSink(await fsp.open(tmp, 'wx'), { sync: durable });
     const s = sink;
     const add = (record: object): Promise<void> | undefined => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
@@ -70,12 +73,12 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
         if (wait) await wait;
       }
     const { sha256, count } = await sink.finish();
-    const manifest = await syncedManifest({ ...opts, dir, extras, sha256, count });
+    const manifest = await syncedManifest({ ...opts, dir, extras, sha256, count, sync: durable });
     return await lock.run(async () => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
       const file = tmp!;
       tmp = undefined;
-      return publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir });
+      return publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir, sync: durable });
     });
   } catch (err) {
     await sink?.abort();
@@ -98,6 +101,8 @@ export async function syncedManifest(o: {
   extras: Record<string, unknown>;
   sha256: string;
   count: number;
+  /** false: no directory is fsynced (a worker's part, storage/worker-role.ts). */
+  sync?: boolean;
 }): Promise<Manifest> {
   const manifest: Manifest = {
     ...o.extras,
@@ -110,7 +115,7 @@ export async function syncedManifest(o: {
     record_count: o.count,
   };
   const kindDir = path.dirname(o.dir);
-  await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
+  if (o.sync !== false) await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
   return manifest;
 }
 
@@ -119,14 +124,21 @@ export async function syncedManifest(o: {
  * identical one already there is returned: an idempotent re-commit); another commit's manifest is
  * a refusal, and this writer's records file goes unless it is the published one.
  */
-export async function publishRecordsFile(o: { dir: string; file: string; manifest: Manifest; where: string; checkpointDir: string }): Promise<Manifest> {
+export async function publishRecordsFile(o: {
+  dir: string;
+  file: string;
+  manifest: Manifest;
+  where: string;
+  checkpointDir: string;
+  sync?: boolean;
+}): Promise<Manifest> {
   const recordsPath = path.join(o.dir, o.manifest.records_file);
   // An identical same-named file may be replaced; a failed rename leaves no temp file behind.
   await fsp.rename(o.file, recordsPath).catch(async (err: unknown) => {
     await fsp.rm(o.file, { force: true }).catch(() => {});
     throw err;
   });
-  const published = await publishManifest(o.dir, o.manifest);
+  const published = await publishManifest(o.dir, o.manifest, { sync: o.sync !== false });
   // Ours, or an identical one already there: key order ignored, 1 equals 1.0 (as in Python).
   if (published === o.manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(o.manifest))) return published as Manifest;
   if (published.records_file !== o.manifest.records_file) await fsp.rm(recordsPath, { force: true });

@@ -1,0 +1,20 @@
+// Whether this process is one worker of a multi-worker server (docs/multi-worker.md), and which.
+// Its records are then a part: written for the front to join into the participant's one records
+// file, which the front makes durable (so the part itself is not fsynced), and read back from that
+// file's part of this worker only (the manifest's `worker_parts`, reader.ts).
+let role: WorkerRole | undefined;
+
+export interface WorkerRole {
+  index: number;
+  /** The number of workers of the server. */
+  of: number;
+}
+
+/** Set once by a worker process at start (undefined: a whole server again, as tests need). */
+export function setWorkerRole(worker: WorkerRole | undefined): void {
+  role = worker;
+}
+
+export function workerRole(): WorkerRole | undefined {
+  return role;
+}
