@@ -294,6 +294,47 @@ export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<num
   return out;
 }
 
+/** CPU seconds of each process of the given groups (a multi-worker server: its front and its workers), by pid. */
+async function processCpuSeconds(pgids: readonly number[]): Promise<Map<number, { pgrp: number; seconds: number }>> {
+  const { readdir, readFile } = await import('node:fs/promises');
+  const want = new Set(pgids);
+  const out = new Map<number, { pgrp: number; seconds: number }>();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat: string;
+    try {
+      stat = await readFile(`/proc/${entry}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const pgrp = Number(f[2]);
+    if (want.has(pgrp)) out.set(Number(entry), { pgrp, seconds: (Number(f[11]) + Number(f[12])) / CLOCK_TICKS });
+  }
+  return out;
+}
+
+/**
+ * The CPU of each process of a multi-worker server over a stage: `name: front 0.31 + workers 0.52 0.49`
+ * (the front is the group leader), for the servers with more than one process.
+ */
+export async function workerCpuSplit(runDir: string): Promise<() => Promise<string[]>> {
+  const state = readRunState(runDir);
+  const named = Object.entries(state.servers).filter(([, s]) => s.pid);
+  const before = await processCpuSeconds(named.map(([, s]) => s.pid!));
+  return async () => {
+    const after = await processCpuSeconds(named.map(([, s]) => s.pid!));
+    const lines: string[] = [];
+    for (const [name, s] of named) {
+      const pids = [...after.entries()].filter(([, v]) => v.pgrp === s.pid).map(([pid]) => pid);
+      if (pids.length < 2) continue;
+      const delta = (pid: number) => (after.get(pid)!.seconds - (before.get(pid)?.seconds ?? 0)).toFixed(2);
+      lines.push(`${name}: front ${delta(s.pid!)} + workers ${pids.filter((p) => p !== s.pid).map(delta).join(' ')}`);
+    }
+    return lines;
+  };
+}
+
 /** CPU seconds of one process group (e.g. the Temporal dev server, started as its own group). */
 export async function processGroupCpuSeconds(pgid: number): Promise<number> {
   return (await groupCpuSeconds([pgid])).get(pgid) ?? 0;
@@ -596,10 +637,12 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const inFlight = runs.filter((r) => r.settledAt === undefined).map((r) => r.planned.episode);
     const scope = continuedScope(prepared, inFlight);
     const cpuBeforeCommit = await gymCpuSeconds(runDir);
+    const commitSplit = await workerCpuSplit(runDir);
     const t2 = performance.now();
     const commitReplies = await commit(dep, { checkpointId: id, deadlineTs: deadlineIn(600), checkpointDir, scope });
     const t3 = performance.now();
     const commitCpu = cpuDelta(cpuBeforeCommit, await gymCpuSeconds(runDir));
+    for (const line of await commitSplit()) o.log(`  commit CPU s, ${line}`);
     const exported = committedEnvironmentKeys(dep, commitReplies);
     const t4 = performance.now();
     await resume(dep, { checkpointId: id, deadlineTs: deadlineIn(600) });
@@ -645,12 +688,14 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const mono = (): number => Number(process.hrtime.bigint() / 1000n);
     const windows: Record<string, [number, number]> = {};
     const cpuBeforeRestore = await gymCpuSeconds(runDir);
+    const restoreSplit = await workerCpuSplit(runDir);
     const w0 = mono();
     const r0 = performance.now();
     const restored = await restore(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600), checkpointDir, scope: restoreScope });
     const r1 = performance.now();
     windows.restore = [w0, mono()];
     const restoreCpu = cpuDelta(cpuBeforeRestore, await gymCpuSeconds(runDir));
+    for (const line of await restoreSplit()) o.log(`  restore CPU s, ${line}`);
     await resume(dep2, { checkpointId: restoreId, deadlineTs: deadlineIn(600) });
     const r2 = performance.now();
     o.log(`  restore ${t(r1 - r0)} s, resume ${t(r2 - r1)} s`);
