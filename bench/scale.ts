@@ -326,10 +326,16 @@ export async function workerCpuSplit(runDir: string): Promise<() => Promise<stri
     const after = await processCpuSeconds(named.map(([, s]) => s.pid!));
     const lines: string[] = [];
     for (const [name, s] of named) {
+      if (s.kind === 'inference') continue; // its own helper processes, not workers
       const pids = [...after.entries()].filter(([, v]) => v.pgrp === s.pid).map(([pid]) => pid);
       if (pids.length < 2) continue;
       const delta = (pid: number) => (after.get(pid)!.seconds - (before.get(pid)?.seconds ?? 0)).toFixed(2);
-      lines.push(`${name}: front ${delta(s.pid!)} + workers ${pids.filter((p) => p !== s.pid).map(delta).join(' ')}`);
+      lines.push(
+        `${name}: front ${delta(s.pid!)} + workers ${pids
+          .filter((p) => p !== s.pid)
+          .map(delta)
+          .join(' ')}`,
+      );
     }
     return lines;
   };

@@ -5,6 +5,7 @@
 // OTEL_EXPORTER_OTLP_ENDPOINT set: traces its control calls and `/run`s (servers/common/tracing.ts).
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { SERVER_LISTEN_BACKLOG } from '../protocol/keep-alive.js';
 import { ConfigError, parseConfig } from './common/config-error.js';
@@ -18,7 +19,7 @@ import { loadServerModule } from './registry.js';
 import { WorkerCoordinator } from './workers/coordinator.js';
 import { buildFront } from './workers/front.js';
 import { acceptHandoffs } from './workers/handoff.js';
-import { announceWorkerReady, spawnWorkers } from './workers/spawn-workers.js';
+import { announceWorkerReady, spawnWorkers, workerSocketPath } from './workers/spawn-workers.js';
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
@@ -72,7 +73,8 @@ async function main(): Promise<void> {
   if (values.socket !== undefined) {
     // Its socket takes the front's control calls; callers' connections come handed over by the front.
     await app.listen({ path: values.socket });
-    acceptHandoffs(app.server);
+    const socketDir = path.dirname(values.socket);
+    acceptHandoffs(app.server, { index: Number(values.worker), workers: entry.workers, socketOf: (j) => workerSocketPath(socketDir, j) });
     app.log.info({ worker: Number(values.worker), socket: values.socket }, 'worker listening');
     announceWorkerReady();
   } else {

@@ -9,11 +9,12 @@
 // benchmark hung at 6,000 held episodes. Over HTTP/1.1 the front would hold two descriptors per
 // parked call, the single process's ceiling again.
 //
-// A handed-off connection carries one request (the response says `connection: close`): the next
-// request of that caller may belong to another worker, so it comes back through the front.
+// A handed-off connection stays with its worker for the caller's next requests that the worker
+// owns (kept-connections.ts); one it does not own is relayed, and the connection then closes.
 import type { ChildProcess } from 'node:child_process';
 import type { Server } from 'node:http';
 import { Socket } from 'node:net';
+import { type KeptConnectionOptions, serveKeptConnections } from './kept-connections.js';
 
 interface HandoffMessage {
   ng_handoff: 1;
@@ -31,13 +32,13 @@ export function handOff(worker: ChildProcess, socket: Socket, bytes: Buffer): vo
   });
 }
 
-/** In a worker: serves every connection its front hands over on `server`, one request each. */
-export function acceptHandoffs(server: Server): void {
+/**
+ * In a worker: serves every connection its front hands over on `server`, kept alive for the
+ * requests this worker owns (kept-connections.ts).
+ */
+export function acceptHandoffs(server: Server, options: KeptConnectionOptions): void {
   const handedOff = new WeakSet<Socket>();
-  // Before the app's own listener, so even a reply sent at once carries it.
-  server.prependListener('request', (req, res) => {
-    if (handedOff.has(req.socket as Socket)) res.setHeader('connection', 'close');
-  });
+  serveKeptConnections(server, handedOff, options);
   process.on('message', (message: unknown, socket: unknown) => {
     if (!isHandoff(message) || !(socket instanceof Socket)) return;
     handedOff.add(socket);

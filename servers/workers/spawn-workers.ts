@@ -37,7 +37,7 @@ export async function spawnWorkers(opts: SpawnWorkersOptions): Promise<RunningWo
   await removeAbandonedRuntimeDirs();
   // Under /tmp: AF_UNIX paths are limited to about 100 bytes.
   const dir = mkdtempSync(path.join(RUNTIME_ROOT, `${RUNTIME_PREFIX}${process.pid}-`));
-  const sockets = Array.from({ length: opts.workers }, (_, i) => path.join(dir, `w${i}.sock`));
+  const sockets = Array.from({ length: opts.workers }, (_, i) => workerSocketPath(dir, i));
   const children: ChildProcess[] = [];
   let reportLoss!: (why: string) => void;
   const lost = new Promise<string>((resolve) => (reportLoss = resolve));
@@ -79,6 +79,11 @@ export async function spawnWorkers(opts: SpawnWorkersOptions): Promise<RunningWo
     kill();
   };
   return { processes: children, sockets, lost, kill, stop };
+}
+
+/** The Unix socket of worker `index` in a server's runtime directory. */
+export function workerSocketPath(dir: string, index: number): string {
+  return path.join(dir, `w${index}.sock`);
 }
 
 /** In a worker: tell the front it serves, and go when the front goes. */
@@ -149,7 +154,7 @@ export function runtimeDirOf(frontPid: number): string | undefined {
 export function workerPid(frontPid: number, index: number): number | undefined {
   const dir = runtimeDirOf(frontPid);
   if (dir === undefined) return undefined;
-  const socket = path.join(dir, `w${index}.sock`);
+  const socket = workerSocketPath(dir, index);
   for (const p of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     try {
       if (readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').includes(socket)) return Number(p);

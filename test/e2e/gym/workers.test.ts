@@ -5,6 +5,7 @@
 // reaches reward 1.0 with only the calls after its saved turn; SIGKILL of one worker takes the
 // whole server down, and it comes back as a new instance.
 import { join } from 'node:path';
+import { Client } from 'undici';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../../protocol/control.js';
 import { groupAlive } from '../../../servers/launcher/group-liveness.js';
@@ -102,6 +103,30 @@ describe('servers with workers: 2', () => {
     await g().backend.release();
     expect(rewardOf(await replyOf(run))).toBe(1);
     await forgetRollouts(g(), [rollout]);
+  });
+
+  it('a kept connection carries on to the worker that owns each request: its own served there, another relayed to its owner and the connection closed', async () => {
+    // Two rollouts owned by different workers, sent one after the other on one connection.
+    const ids = Array.from({ length: 20 }, (_, i) => `kept-${i}`);
+    const a = ids.find((id) => ownerOf(id, 2) === 0)!;
+    const b = ids.find((id) => ownerOf(id, 2) === 1)!;
+    const client = new Client(g().endpoints.counter!.url, { pipelining: 1 });
+    const headers = { 'content-type': 'application/json' };
+    try {
+      const first = await client.request({ method: 'POST', path: `/ng-rollout/${a}/seed_session`, headers, body: '{}' });
+      await first.body.text();
+      expect(first.statusCode).toBe(200);
+      expect(first.headers.connection).toBe('keep-alive'); // kept: the next request may come on it
+      const second = await client.request({ method: 'POST', path: `/ng-rollout/${b}/seed_session`, headers, body: '{}' });
+      await second.body.text();
+      expect(second.statusCode).toBe(200);
+      expect(second.headers.connection).toBe('close'); // relayed: the caller's next request goes through the front
+      const parts = await workerStatuses('counter');
+      expect(parts.map((p) => p.report.counts.sessions)).toEqual([1, 1]);
+    } finally {
+      await client.close();
+      await forgetRollouts(g(), [a, b]);
+    }
   });
 
   it('a checkpoint mid-episode: one records file per server; restored into fresh multi-worker servers, the episode continues from its saved turn', async () => {
