@@ -274,23 +274,8 @@ const CLOCK_TICKS = 100;
  * group ID: the launcher and the Temporal dev server start every server as its own group.
  */
 export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<number, number>> {
-  const { readdir, readFile } = await import('node:fs/promises');
-  const want = new Set(pgids);
   const out = new Map<number, number>(pgids.map((g) => [g, 0]));
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    let stat: string;
-    try {
-      stat = await readFile(`/proc/${entry}/stat`, 'utf8');
-    } catch {
-      continue; // exited meanwhile
-    }
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    // After the command: state, ppid, pgrp (field 5), …, utime (14), stime (15).
-    const pgrp = Number(f[2]);
-    if (!want.has(pgrp)) continue;
-    out.set(pgrp, out.get(pgrp)! + (Number(f[11]) + Number(f[12])) / CLOCK_TICKS);
-  }
+  for (const { pgrp, seconds } of (await processCpuSeconds(pgids)).values()) out.set(pgrp, out.get(pgrp)! + seconds);
   return out;
 }
 
@@ -305,9 +290,10 @@ async function processCpuSeconds(pgids: readonly number[]): Promise<Map<number, 
     try {
       stat = await readFile(`/proc/${entry}/stat`, 'utf8');
     } catch {
-      continue;
+      continue; // exited meanwhile
     }
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // After the command: state, ppid, pgrp (field 5), …, utime (14), stime (15).
     const pgrp = Number(f[2]);
     if (want.has(pgrp)) out.set(Number(entry), { pgrp, seconds: (Number(f[11]) + Number(f[12])) / CLOCK_TICKS });
   }

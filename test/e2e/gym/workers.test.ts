@@ -5,7 +5,7 @@
 // reaches reward 1.0 with only the calls after its saved turn; SIGKILL of one worker takes the
 // whole server down, and it comes back as a new instance.
 import { join } from 'node:path';
-import { Client } from 'undici';
+import { Client, request } from 'undici';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../../protocol/control.js';
 import { groupAlive } from '../../../servers/launcher/group-liveness.js';
@@ -112,12 +112,15 @@ describe('servers with workers: 2', () => {
     const b = ids.find((id) => ownerOf(id, 2) === 1)!;
     const client = new Client(g().endpoints.counter!.url, { pipelining: 1 });
     const headers = { 'content-type': 'application/json' };
+    const cookies: string[] = [];
     try {
       const first = await client.request({ method: 'POST', path: `/ng-rollout/${a}/seed_session`, headers, body: '{}' });
+      cookies.push(String(first.headers['set-cookie']).split(';')[0]!);
       await first.body.text();
       expect(first.statusCode).toBe(200);
       expect(first.headers.connection).toBe('keep-alive'); // kept: the next request may come on it
       const second = await client.request({ method: 'POST', path: `/ng-rollout/${b}/seed_session`, headers, body: '{}' });
+      cookies.push(String(second.headers['set-cookie']).split(';')[0]!);
       await second.body.text();
       expect(second.statusCode).toBe(200);
       expect(second.headers.connection).toBe('close'); // relayed: the caller's next request goes through the front
@@ -125,7 +128,15 @@ describe('servers with workers: 2', () => {
       expect(parts.map((p) => p.report.counts.sessions)).toEqual([1, 1]);
     } finally {
       await client.close();
-      await forgetRollouts(g(), [a, b]);
+      // The sessions go with their cookies (the next test starts clean).
+      for (const [i, id] of [a, b].entries()) {
+        const closed = await request(`${g().endpoints.counter!.url}/ng-rollout/${id}/close_session`, {
+          method: 'POST',
+          headers: { ...headers, cookie: cookies[i] ?? '' },
+          body: '{}',
+        });
+        await closed.body.text();
+      }
     }
   });
 
