@@ -13,7 +13,7 @@ import { createGymApp } from '../common/app.js';
 import { mountControlPlane } from '../control/plugin.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import { handOff, serveConnection } from './handoff.js';
-import { ownerOf, rolloutOfRunBody, rolloutOfUrl } from './owner.js';
+import { isRunRequest, ownerOf, rolloutOfRunBody, rolloutOfUrl } from './owner.js';
 import { readRequestStart, type RequestStart } from './request-start.js';
 
 export interface FrontOptions {
@@ -47,14 +47,14 @@ export async function buildFront(opts: FrontOptions): Promise<Front> {
       `${req.method} ${req.url}: a server with workers reads the rollout of a /run before it hands it to one: send the body with a content-length, at most ${MAX_RUN_BODY_BYTES} bytes`,
     );
   });
-  // One request per connection, as on the workers: the next may belong to a worker.
+  // The front's own answers close their connection: the caller's next request may belong to a worker.
   app.server.prependListener('request', (_req, res) => res.setHeader('connection', 'close'));
   await app.ready();
 
   let next = 0;
   const route = async (socket: net.Socket): Promise<void> => {
     socket.on('error', () => socket.destroy());
-    const start = await readRequestStart(socket, wantsRunBody, MAX_RUN_BODY_BYTES);
+    const start = await readRequestStart(socket, isRun, MAX_RUN_BODY_BYTES);
     if (!start) return;
     const worker = start.malformed || isFrontRoute(start.target) ? undefined : ownerOfRequest(start, opts.workers.length, () => next++);
     if (worker === undefined) serveConnection(app.server, socket, start.bytes);
@@ -81,11 +81,7 @@ function isFrontRoute(target: string): boolean {
 }
 
 function isRun(start: RequestStart): boolean {
-  return start.method === 'POST' && start.target.split('?')[0] === '/run';
-}
-
-function wantsRunBody(start: RequestStart): boolean {
-  return isRun(start);
+  return isRunRequest(start.method, start.target);
 }
 
 /** The worker of a request; undefined for a `/run` the front could not read (its own app refuses it). */

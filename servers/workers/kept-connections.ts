@@ -9,7 +9,7 @@
 import type { IncomingHttpHeaders, IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Pool } from 'undici';
-import { ownerOf, rolloutOfUrl } from './owner.js';
+import { isRunRequest, ownerOf, rolloutOfUrl } from './owner.js';
 
 export interface KeptConnectionOptions {
   index: number;
@@ -48,7 +48,7 @@ export function serveKeptConnections(server: Server, handedOff: WeakSet<Socket>,
         relay(req, res, poolOf(owner));
         return;
       }
-      if (req.method === 'POST' && url.split('?')[0] === '/run') res.setHeader('connection', 'close');
+      if (isRunRequest(req.method, url)) res.setHeader('connection', 'close');
     }
     for (const listener of app) listener.call(server, req, res);
   });

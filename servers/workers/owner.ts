@@ -22,6 +22,11 @@ export function rolloutOfUrl(url: string): string | undefined {
   return parsed.episode?.rollout_id ?? parsed.key;
 }
 
+/** An environment's `/run`: its rollout is in its body, not its URL. */
+export function isRunRequest(method: string | undefined, target: string | undefined): boolean {
+  return method === 'POST' && (target ?? '/').split('?')[0] === '/run';
+}
+
 /** The rollout an environment `/run` body names (`episode_id.rollout_id`), if it parses. */
 export function rolloutOfRunBody(body: Buffer): string | undefined {
   try {
