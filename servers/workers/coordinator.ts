@@ -43,6 +43,7 @@ export interface CoordinatorOptions {
 
 interface JoinState {
   id: string;
+  dir: string;
   scopeKey: string;
   stopped: boolean;
   task: Promise<CommitReply>;
@@ -79,11 +80,19 @@ export class WorkerCoordinator implements ControlSurface {
     return { lease_expires_at: Math.min(...replies.map((r) => r.lease_expires_at)) };
   }
 
-  commit(req: CommitRequest): Promise<CommitReply> {
+  async commit(req: CommitRequest): Promise<CommitReply> {
     const key = scopeKey(req.episode_ids);
     const current = this.join;
-    if (current && current.id === req.checkpoint_id && current.scopeKey === key && !current.stopped) return current.task;
-    const state = { id: req.checkpoint_id, scopeKey: key, stopped: false } as JoinState;
+    if (current && current.id === req.checkpoint_id && !current.stopped) {
+      // As the control plane does (control-plane.ts handleCommit): a retry with the same
+      // arguments awaits the same commit and extends the lease; other arguments are a conflict.
+      if (current.dir !== req.checkpoint_dir || current.scopeKey !== key) {
+        throw refuse('checkpoint_conflict', `checkpoint '${req.checkpoint_id}' was committed with another directory or scope`);
+      }
+      await this.renew({ checkpoint_id: req.checkpoint_id, deadline_ts: req.deadline_ts });
+      return current.task;
+    }
+    const state = { id: req.checkpoint_id, dir: req.checkpoint_dir, scopeKey: key, stopped: false } as JoinState;
     state.task = this.runCommit(req, state);
     state.task.catch(() => {
       if (this.join === state) this.join = undefined;

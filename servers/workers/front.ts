@@ -40,8 +40,9 @@ const MAX_RUN_BODY_BYTES = 64 * 1024 * 1024;
 export async function buildFront(opts: FrontOptions): Promise<Front> {
   const app = createGymApp({ name: opts.name, kind: opts.kind, logLevel: opts.logLevel });
   if (opts.coordinator) await mountControlPlane(app, { plane: opts.coordinator, token: opts.token! });
-  // What reaches the front's own app without being its route: a /run it could not route.
-  app.all('/*', async (req) => {
+  // A /run reaches the front's own app only when it could not route it; anything else not a route
+  // of the front is a 404, as on a single-process server.
+  app.post('/run', async (req) => {
     throw refuse(
       'invalid_request',
       `${req.method} ${req.url}: a server with workers reads the rollout of a /run before it hands it to one: send the body with a content-length, at most ${MAX_RUN_BODY_BYTES} bytes`,

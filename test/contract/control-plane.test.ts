@@ -9,6 +9,7 @@ import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 import { sleep } from '../helpers/wait.js';
 import { tempDir } from '../helpers/temp-dir.js';
+import { BAD_AUTHORIZATION, CONTROL_OPS, PHASES, PHASE_TABLE, expectPhaseAnswer, malformedBodies, phaseTableBody } from './route-table.js';
 
 const TOKEN = 'test-token';
 const AUTH = { authorization: `Bearer ${TOKEN}` };
@@ -64,14 +65,8 @@ const ep = (rollout_id: string, attempt = 0) => ({ rollout_id, attempt });
 describe('authentication', () => {
   it('refuses every route without or with a wrong token (401 unauthorized)', async () => {
     const s = await server();
-    for (const op of ['status', 'prepare', 'renew', 'commit', 'restore', 'resume', 'retire', 'forget']) {
-      for (const headers of [
-        {} as Record<string, string>,
-        { authorization: 'Bearer nope' },
-        { authorization: `bearer ${TOKEN}` },
-        { authorization: `Bearer  ${TOKEN}` },
-        { authorization: TOKEN },
-      ]) {
+    for (const op of CONTROL_OPS) {
+      for (const headers of BAD_AUTHORIZATION(TOKEN)) {
         const r = await s.call(op, op === 'status' ? undefined : '{not json', headers);
         expect(r.status, `${op} ${JSON.stringify(headers)}`).toBe(401);
         expect(r.body.error.code).toBe('unauthorized');
@@ -85,71 +80,11 @@ describe('authentication', () => {
 });
 
 describe('request validation', () => {
-  const id = 'ckpt-1';
-  const dl = soon();
-  const invalidCommon: unknown[] = [
-    '',
-    '{not json',
-    '[]',
-    'null',
-    '42',
-    {},
-    { checkpoint_id: id },
-    { deadline_ts: dl },
-    { checkpoint_id: '', deadline_ts: dl },
-    { checkpoint_id: '../x', deadline_ts: dl },
-    { checkpoint_id: '.x', deadline_ts: dl },
-    { checkpoint_id: 'x'.repeat(129), deadline_ts: dl },
-    { checkpoint_id: 7, deadline_ts: dl },
-    { checkpoint_id: id, deadline_ts: 'soon' },
-    { checkpoint_id: id, deadline_ts: null },
-    { checkpoint_id: id, deadline_ts: true },
-    { checkpoint_id: id, deadline_ts: dl, unknown_field: 1 },
-  ];
-  const perRoute: Record<string, unknown[]> = {
-    prepare: [
-      { checkpoint_id: id, deadline_ts: dl, restarts: 'r1' },
-      { checkpoint_id: id, deadline_ts: dl, restarts: ['x-a1-a2'] },
-      { checkpoint_id: id, deadline_ts: dl, restarts: [1] },
-    ],
-    renew: [{ checkpoint_id: id, deadline_ts: dl, restarts: [] }],
-    resume: [{ checkpoint_id: id, deadline_ts: dl, episode_ids: [] }],
-    commit: [
-      { checkpoint_id: id, deadline_ts: dl },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '' },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: 3 },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: 'r1' },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: [{ rollout_id: 'r1', attempt: -1 }] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: [{ rollout_id: 'r1', attempt: 1.5 }] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: [{ rollout_id: 'x-a1', attempt: 0 }] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: [{ rollout_id: 'r1', attempt: 0, extra: 1 }] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: ['r1'] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', stop: 'yes' },
-    ],
-    restore: [
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x' },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: null },
-      { checkpoint_id: id, deadline_ts: dl, episode_ids: [] },
-      { checkpoint_id: id, deadline_ts: dl, checkpoint_dir: '/tmp/x', episode_ids: [{ attempt: 0 }] },
-    ],
-    retire: [
-      { checkpoint_id: id, deadline_ts: dl },
-      { checkpoint_id: id, deadline_ts: dl, episode_ids: [] },
-      { checkpoint_id: id, deadline_ts: dl, episode_ids: [{ rollout_id: '-a1', attempt: 0 }] },
-      { checkpoint_id: id, deadline_ts: dl, episode_ids: [{ rollout_id: 'r', attempt: Number.MAX_SAFE_INTEGER + 2 }] },
-    ],
-    forget: [
-      { checkpoint_id: id, deadline_ts: dl },
-      { checkpoint_id: id, deadline_ts: dl, rollout_ids: [] },
-      { checkpoint_id: id, deadline_ts: dl, rollout_ids: [1] },
-      { checkpoint_id: id, deadline_ts: dl, rollout_ids: 'r1' },
-    ],
-  };
-
-  for (const op of Object.keys(perRoute)) {
+  const malformed = malformedBodies(soon());
+  for (const [op, bodies] of Object.entries(malformed)) {
     it(`${op}: every malformed body is a 422 with a detail array`, async () => {
       const s = await server();
-      for (const body of [...invalidCommon, ...perRoute[op]!]) {
+      for (const body of bodies) {
         const r = await s.call(op, body);
         expect(r.status, `${op} ${JSON.stringify(body)}`).toBe(422);
         expect(Array.isArray(r.body.detail), JSON.stringify(r.body)).toBe(true);
@@ -206,19 +141,7 @@ async function inPhase(phase: string): Promise<{ s: Server; dir: string }> {
 }
 
 describe('allowed operations per phase (§8.2), same checkpoint ID', () => {
-  const PHASES = ['idle', 'preparing', 'prepared', 'committed', 'restored'] as const;
-  // expected: a status code, or an error code, or a reply phase
-  const TABLE: Record<string, Record<(typeof PHASES)[number], string>> = {
-    prepare: { idle: 'prepared', preparing: 'preparing', prepared: 'prepared', committed: 'prepared', restored: 'invalid_phase' },
-    renew: { idle: 'invalid_phase', preparing: 'ok', prepared: 'ok', committed: 'ok', restored: 'ok' },
-    commit: { idle: 'invalid_phase', preparing: 'invalid_phase', prepared: 'committed', committed: 'committed', restored: 'invalid_phase' },
-    restore: { idle: 'restored', preparing: 'invalid_phase', prepared: 'invalid_phase', committed: 'invalid_phase', restored: 'restored' },
-    resume: { idle: 'idempotent', preparing: 'reopen', prepared: 'reopen', committed: 'reopen', restored: 'reopen' },
-    retire: { idle: 'ok', preparing: 'invalid_phase', prepared: 'invalid_phase', committed: 'invalid_phase', restored: 'ok' },
-    forget: { idle: 'ok', preparing: 'invalid_phase', prepared: 'invalid_phase', committed: 'invalid_phase', restored: 'ok' },
-  };
-
-  for (const [op, row] of Object.entries(TABLE)) {
+  for (const [op, row] of Object.entries(PHASE_TABLE)) {
     for (const phase of PHASES) {
       it(`${op} in ${phase} → ${row[phase]}`, async () => {
         const { s, dir } = await inPhase(phase);
@@ -234,27 +157,8 @@ describe('allowed operations per phase (§8.2), same checkpoint ID', () => {
           );
         }
         if (phase === 'preparing' && op === 'prepare') s.p.upsert('r1', { atBoundary: false });
-        const bodies: Record<string, unknown> = {
-          prepare: { checkpoint_id: 'C', deadline_ts: soon(0.2) },
-          renew: { checkpoint_id: 'C', deadline_ts: soon() },
-          commit: { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: dir, episode_ids: [ep('r1')] },
-          restore: { checkpoint_id: 'C', deadline_ts: soon(), checkpoint_dir: restoreDir, episode_ids: [ep('r1')] },
-          resume: { checkpoint_id: 'C', deadline_ts: soon() },
-          retire: { checkpoint_id: 'C', deadline_ts: soon(), episode_ids: [ep('zz')] },
-          forget: { checkpoint_id: 'C', deadline_ts: soon(), rollout_ids: ['zz'] },
-        };
-        const r = await s.call(op, bodies[op]);
-        const want = row[phase];
-        if (['invalid_phase'].includes(want)) {
-          expect(r.status, JSON.stringify(r.body)).toBe(409);
-          expect(r.body.error.code).toBe(want);
-        } else {
-          expect(r.status, JSON.stringify(r.body)).toBe(200);
-          if (want === 'idempotent') expect(r.body).toEqual({ phase: 'idle', idempotent: true });
-          else if (want === 'reopen') expect(r.body).toEqual({ phase: 'idle', idempotent: false });
-          else if (want === 'ok') expect(r.body).toBeTypeOf('object');
-          else expect(r.body.phase).toBe(want);
-        }
+        const body = phaseTableBody(op, { id: 'C', deadlineTs: soon(op === 'prepare' ? 0.2 : 5), commitDir: dir, restoreDir, episodeIds: [ep('r1')] });
+        expectPhaseAnswer(await s.call(op, body), row[phase]);
       });
     }
   }
