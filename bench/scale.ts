@@ -31,17 +31,19 @@
 // behind their one URL (docs/multi-worker.md): the front hands each connection to its worker and
 // keeps none; each worker holds two descriptors per episode it owns.
 //
-// --profile <dir>: the restored Gym processes are CPU-profiled from start to exit (a preload
-// module; a SIGKILLed process writes no profile, and NODE_OPTIONS refuses --cpu-prof); their
-// replacements are held again at their next call and a second checkpoint is taken and timed
-// (again_*), then everything finishes and the processes exit gracefully, so the profiles
-// (`<server>-<pid>.cpuprofile`) cover a restore and a checkpoint. `windows.json` holds the
-// monotonic microsecond windows of the restore and the second prepare/commit, the clock of the
-// profiles' sample times, to cut them. Open them in Chrome DevTools or speedscope.
+// --profile <dir>: every Gym process is CPU-profiled (a preload module; NODE_OPTIONS refuses
+// --cpu-prof). The first processes write theirs (`<server>-<pid>-first.cpuprofile`, from start to
+// just before the crash: the dispatch and the first checkpoint) when the bench sends SIGUSR2, as a
+// SIGKILLed process writes nothing. The restored processes' replacements are held again at their
+// next call and a second checkpoint is taken and timed (again_*), then everything finishes and the
+// processes exit gracefully, so their profiles (`<server>-<pid>.cpuprofile`) cover a restore and a
+// checkpoint. `windows.json` holds the monotonic microsecond windows of the first commit, the
+// restore and the second prepare/commit, the clock of the profiles' sample times, to cut them.
+// Open them in Chrome DevTools or speedscope.
 import { setTimeout as sleep } from 'node:timers/promises';
 import diagnostics_channel from 'node:diagnostics_channel';
 import { readFileSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -280,10 +282,10 @@ export async function groupCpuSeconds(pgids: readonly number[]): Promise<Map<num
 }
 
 /** CPU seconds of each process of the given groups (a multi-worker server: its front and its workers), by pid. */
-async function processCpuSeconds(pgids: readonly number[]): Promise<Map<number, { pgrp: number; seconds: number }>> {
+async function processCpuSeconds(pgids: readonly number[]): Promise<Map<number, { pgrp: number; seconds: number; system: number }>> {
   const { readdir, readFile } = await import('node:fs/promises');
   const want = new Set(pgids);
-  const out = new Map<number, { pgrp: number; seconds: number }>();
+  const out = new Map<number, { pgrp: number; seconds: number; system: number }>();
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     let stat: string;
@@ -295,14 +297,15 @@ async function processCpuSeconds(pgids: readonly number[]): Promise<Map<number, 
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     // After the command: state, ppid, pgrp (field 5), …, utime (14), stime (15).
     const pgrp = Number(f[2]);
-    if (want.has(pgrp)) out.set(Number(entry), { pgrp, seconds: (Number(f[11]) + Number(f[12])) / CLOCK_TICKS });
+    if (want.has(pgrp)) out.set(Number(entry), { pgrp, seconds: (Number(f[11]) + Number(f[12])) / CLOCK_TICKS, system: Number(f[12]) / CLOCK_TICKS });
   }
   return out;
 }
 
 /**
- * The CPU of each process of a multi-worker server over a stage: `name: front 0.31 + workers 0.52 0.49`
- * (the front is the group leader), for the servers with more than one process.
+ * The CPU of each process of a multi-worker server over a stage, with its kernel part:
+ * `name: front 0.31 (sys 0.12) + workers 0.52 (sys 0.05) 0.49 (sys 0.04)` (the front is the group
+ * leader), for the servers with more than one process.
  */
 export async function workerCpuSplit(runDir: string): Promise<() => Promise<string[]>> {
   const state = readRunState(runDir);
@@ -315,7 +318,11 @@ export async function workerCpuSplit(runDir: string): Promise<() => Promise<stri
       if (s.kind === 'inference') continue; // its own helper processes, not workers
       const pids = [...after.entries()].filter(([, v]) => v.pgrp === s.pid).map(([pid]) => pid);
       if (pids.length < 2) continue;
-      const delta = (pid: number) => (after.get(pid)!.seconds - (before.get(pid)?.seconds ?? 0)).toFixed(2);
+      const delta = (pid: number) => {
+        const a = after.get(pid)!;
+        const b = before.get(pid);
+        return `${(a.seconds - (b?.seconds ?? 0)).toFixed(2)} (sys ${(a.system - (b?.system ?? 0)).toFixed(2)})`;
+      };
       lines.push(
         `${name}: front ${delta(s.pid!)} + workers ${pids
           .filter((p) => p !== s.pid)
@@ -394,7 +401,8 @@ export class ControlCallTimer {
 
 /**
  * A preload module that profiles its process from start to exit (`--cpu-prof` is not allowed in
- * NODE_OPTIONS, and the launcher starts the servers): written into the bench's temp dir.
+ * NODE_OPTIONS, and the launcher starts the servers), and writes what it has on SIGUSR2 (the
+ * first processes, which the bench SIGKILLs): written into the bench's temp dir.
  */
 async function writeProfiler(tmp: string, outDir: string): Promise<string> {
   const file = join(tmp, 'cpu-profiler.mjs');
@@ -406,18 +414,42 @@ const session = new inspector.Session();
 session.connect();
 session.post('Profiler.enable');
 session.post('Profiler.start');
+const write = (suffix, profile) => {
+  mkdirSync(${JSON.stringify(outDir)}, { recursive: true });
+  const name = (process.argv[process.argv.indexOf('--name') + 1] ?? 'node') + '-' + process.pid + suffix;
+  writeFileSync(${JSON.stringify(outDir)} + '/' + name + '.cpuprofile', JSON.stringify(profile));
+};
 process.on('exit', () => {
   // The in-thread session answers synchronously.
   session.post('Profiler.stop', (err, r) => {
-    if (err) return;
-    mkdirSync(${JSON.stringify(outDir)}, { recursive: true });
-    const name = (process.argv[process.argv.indexOf('--name') + 1] ?? 'node') + '-' + process.pid;
-    writeFileSync(${JSON.stringify(outDir)} + '/' + name + '.cpuprofile', JSON.stringify(r.profile));
+    if (!err) write('', r.profile);
+  });
+});
+// The first processes are SIGKILLed by the bench: it asks for their profile before.
+process.on('SIGUSR2', () => {
+  session.post('Profiler.stop', (err, r) => {
+    if (!err) write('-first', r.profile);
+    session.post('Profiler.start');
   });
 });
 `,
   );
   return file;
+}
+
+/** Asks every Gym process for its profile so far (SIGUSR2 to each server's process group) and waits for them. */
+async function profilesBeforeKill(runDir: string, outDir: string): Promise<void> {
+  const groups = Object.values(readRunState(runDir).servers).filter((s) => s.pid && s.kind !== 'inference');
+  const pids = [...(await processCpuSeconds(groups.map((s) => s.pid!))).keys()];
+  for (const g of groups) process.kill(-g.pid!, 'SIGUSR2');
+  await waitUntil(
+    'profiles of the first processes',
+    async () => {
+      const written = (await readdir(outDir).catch(() => [] as string[])).filter((f) => f.endsWith('-first.cpuprofile')).length;
+      return written >= pids.length ? true : `${written}/${pids.length}`;
+    },
+    60_000,
+  );
 }
 
 /**
@@ -584,7 +616,8 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
 
     await writeFile(join(dir, 'gym.yaml'), gymYaml({ shards: o.shards, workers: o.workers }));
     const tUp = performance.now();
-    const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env, healthTimeoutMs: 180_000 });
+    const profileEnv = o.profileDir ? { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${await writeProfiler(dir, o.profileDir)}`.trim() } : {};
+    const up = await upDeployment({ config: join(dir, 'gym.yaml'), runDir, env: { ...env, ...profileEnv }, healthTimeoutMs: 180_000 });
     const endpoints = up.endpoints;
     const backend = new Backend(endpoints.policy_backend!.url);
     o.log(`  deployment up in ${t(performance.now() - tUp)} s`);
@@ -621,6 +654,9 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     // --- checkpoint --------------------------------------------------------------------------
     const id = `bench-scale-${n}`;
     const dep = await participantsOf(endpoints);
+    // Profile windows, in the profiles' clock (microseconds).
+    const mono = (): number => Number(process.hrtime.bigint() / 1000n);
+    const windows: Record<string, [number, number]> = {};
     const t0 = performance.now();
     const prepared = await prepare(dep, { checkpointId: id, deadlineTs: deadlineIn(600) });
     const t1 = performance.now();
@@ -631,8 +667,10 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     const cpuBeforeCommit = await gymCpuSeconds(runDir);
     const commitSplit = await workerCpuSplit(runDir);
     const t2 = performance.now();
+    const c0 = mono();
     const commitReplies = await commit(dep, { checkpointId: id, deadlineTs: deadlineIn(600), checkpointDir, scope });
     const t3 = performance.now();
+    windows.commit = [c0, mono()];
     const commitCpu = cpuDelta(cpuBeforeCommit, await gymCpuSeconds(runDir));
     for (const line of await commitSplit()) o.log(`  commit CPU s, ${line}`);
     const exported = committedEnvironmentKeys(dep, commitReplies);
@@ -659,6 +697,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     }
 
     // --- crash, restart, restore ----------------------------------------------------------------
+    if (o.profileDir) await profilesBeforeKill(runDir, o.profileDir);
     const tKill = performance.now();
     const killed = await killDeployment(runDir);
     await Promise.all(runs.map((r) => r.done));
@@ -668,8 +707,6 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     await Promise.all([pool.destroy(), dropControlPool()]);
     pool = newRunPool();
     const tRestart = performance.now();
-    // Only the restored processes are profiled: a SIGKILLed process writes no profile.
-    const profileEnv = o.profileDir ? { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import ${await writeProfiler(dir, o.profileDir)}`.trim() } : {};
     await restartDeployment(runDir, { env: { ...env, ...profileEnv }, healthTimeoutMs: 180_000 });
     const tRestarted = performance.now();
     o.log(`  killed ${killed.length} servers; fresh processes healthy in ${t(tRestarted - tRestart)} s`);
@@ -677,8 +714,6 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
     timer.phase = 'restore:';
     const restoreId = `bench-restore-${n}`;
     const restoreScope = scope.filter((e) => exportedSet.has(captureKey(e)));
-    const mono = (): number => Number(process.hrtime.bigint() / 1000n);
-    const windows: Record<string, [number, number]> = {};
     const cpuBeforeRestore = await gymCpuSeconds(runDir);
     const restoreSplit = await workerCpuSplit(runDir);
     const w0 = mono();

@@ -103,8 +103,15 @@ export class WorkerCoordinator implements ControlSurface {
 
   private async runCommit(req: CommitRequest, state: JoinState): Promise<CommitReply> {
     const participant = participantDir(req.checkpoint_dir, this.opts.kind, this.opts.instance);
-    // Each worker commits its episodes into a hidden directory of the participant's, with the full scope.
-    const replies = await this.each<CommitReply>('POST', 'commit', (i) => ({ ...req, checkpoint_dir: workerPartDir(participant, i) }));
+    // Each worker commits the scope episodes it owns (it holds no other episode's state, and what
+    // it frees as left out of the scope is its own) into a hidden directory of the participant's.
+    // A null scope (every episode the participant holds) stays null for each.
+    const scopes = req.episode_ids && partition(req.episode_ids, (e) => e.rollout_id, this.links.length);
+    const replies = await this.each<CommitReply>('POST', 'commit', (i) => ({
+      ...req,
+      checkpoint_dir: workerPartDir(participant, i),
+      episode_ids: scopes ? scopes[i]! : null,
+    }));
     const extras = mergeExtras(replies.map(({ phase: _a, manifest: _b, episode_ids: _c, ...rest }) => rest));
     const manifest = await this.joinLock.run(() =>
       joinWorkerRecords({
