@@ -455,20 +455,23 @@ async function profilesBeforeKill(runDir: string, outDir: string): Promise<void>
 /**
  * A held episode keeps a connection open on every hop (bench → environment → agent → model →
  * backend): the agent and the model hold two descriptors per episode of their shard, the
- * backend one per held episode. Past the process limit (`ulimit -n`) accepts fail and the
- * dispatch stalls: refuse up front, naming the way out.
+ * backend one per held episode. Released all at once (the profile path's second checkpoint, as a
+ * controller's resume does), every agent episode makes its next tool call while its model
+ * connection idles in the pool: three per episode. Past the process limit (`ulimit -n`) accepts
+ * and connects fail: refuse up front, naming the way out.
  */
-function checkDescriptors(held: number, shards: number, workers: number): void {
+function checkDescriptors(held: number, shards: number, workers: number, releasedAtOnce: boolean): void {
   const limit = Number(/Max open files\s+(\d+)/.exec(readFileSync('/proc/self/limits', 'utf8'))?.[1] ?? Infinity);
-  // With workers, each worker holds two per episode it owns (the front hands connections over and keeps none).
-  const perShard = 2 * Math.ceil(held / shards / workers) + 200;
+  const perEpisode = releasedAtOnce ? 3 : 2;
+  // With workers, each worker holds its descriptors of the episodes it owns (the front hands connections over and keeps none).
+  const perShard = perEpisode * Math.ceil(held / shards / workers) + 200;
   const need = Math.max(perShard, held + 200);
   if (need > limit) {
-    const shardsNeeded = Math.ceil((2 * held) / (limit - 200));
+    const processes = Math.ceil((perEpisode * held) / (limit - 200));
     throw new Error(
-      `${held} held episodes need about ${need} open files in one process (agent, model: 2 per episode of their shard; ` +
+      `${held} held episodes need about ${need} open files in one process (agent, model: ${perEpisode} per episode of their shard or worker; ` +
         `the backend and this process: 1 per episode), over the limit of ${limit} (ulimit -n)` +
-        (held + 200 <= limit ? `: run with --shards ${shardsNeeded}` : ': raise ulimit -n'),
+        (held + 200 <= limit ? `: run with ${workers > 1 ? `--workers ${Math.ceil(processes / shards)}` : `--shards ${processes}`}` : ': raise ulimit -n'),
     );
   }
 }
@@ -609,7 +612,7 @@ async function runScale(o: ScaleOptions): Promise<ScaleResult> {
   try {
     const tPlan = performance.now();
     const planned = planRollouts(n, { seed: o.seed, prefix: `scale${n}`, finishedFraction: o.finishedFraction, shards: o.shards });
-    checkDescriptors(n - planned.filter((p) => p.oneCall).length, o.shards, o.workers);
+    checkDescriptors(n - planned.filter((p) => p.oneCall).length, o.shards, o.workers, o.profileDir !== undefined);
     const oneCall = planned.filter((p) => p.oneCall).length;
     const expectedCallsAtHold = planned.reduce((s, p) => s + Math.min(2, p.expected.calls), 0);
     o.log(`  planned ${n} rollouts (${oneCall} finish at once) in ${t(performance.now() - tPlan)} s`);
