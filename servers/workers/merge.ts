@@ -28,23 +28,64 @@ export function mergeReports(reports: readonly PrepareReport[]): PrepareReport {
  * added, flags true only if true everywhere; anything else as the first worker says.
  */
 export function mergeExtras(parts: ReadonlyArray<Record<string, unknown>>): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  const keys = new Set(parts.flatMap((p) => Object.keys(p)));
-  for (const key of keys) {
-    const values = parts.map((p) => p[key]).filter((v) => v !== undefined);
-    if (values.every(Array.isArray)) out[key] = joinLists(values as unknown[][]);
-    else if (values.every((v) => typeof v === 'number')) out[key] = (values as number[]).reduce((a, b) => a + b, 0);
-    else if (values.every((v) => typeof v === 'boolean')) out[key] = values.every(Boolean);
-    else if (values.every(isPlainObject)) out[key] = mergeExtras(values as Array<Record<string, unknown>>);
-    else out[key] = values[0];
+  // One pass over the parts' keys: per-episode maps (a model's staging keys by episode) have
+  // thousands of keys, each in one worker's part only.
+  const byKey = new Map<string, unknown[]>();
+  for (const part of parts) {
+    for (const key of Object.keys(part)) {
+      const value = part[key];
+      if (value === undefined) continue;
+      const values = byKey.get(key);
+      if (values) values.push(value);
+      else byKey.set(key, [value]);
+    }
   }
+  const out: Record<string, unknown> = {};
+  for (const [key, values] of byKey) out[key] = mergeValues(values);
   return out;
 }
 
+function mergeValues(values: unknown[]): unknown {
+  if (values.every(Array.isArray)) return joinLists(values as unknown[][]);
+  if (values.every((v) => typeof v === 'number')) return (values as number[]).reduce((a, b) => a + b, 0);
+  if (values.every((v) => typeof v === 'boolean')) return values.every(Boolean);
+  if (values.every(isPlainObject)) return mergeExtras(values as Array<Record<string, unknown>>);
+  return values[0];
+}
+
 function joinLists(lists: unknown[][]): unknown[] {
+  // Workers' lists come sorted without duplicates: then one linear merge is the join.
+  if (lists.every(isSortedUniqueStrings)) return lists.length === 1 ? lists[0]! : lists.reduce((a, b) => mergeSorted(a as string[], b as string[]));
   const all = lists.flat();
   if (!all.every((v) => typeof v === 'string')) return all;
   return [...new Set(all as string[])].sort();
+}
+
+/** The sorted union of two sorted lists without duplicates. */
+function mergeSorted(a: readonly string[], b: readonly string[]): string[] {
+  const out: string[] = [];
+  let i = 0;
+  let j = 0;
+  while (i < a.length && j < b.length) {
+    if (a[i]! < b[j]!) out.push(a[i++]!);
+    else if (b[j]! < a[i]!) out.push(b[j++]!);
+    else {
+      out.push(a[i++]!);
+      j++;
+    }
+  }
+  while (i < a.length) out.push(a[i++]!);
+  while (j < b.length) out.push(b[j++]!);
+  return out;
+}
+
+function isSortedUniqueStrings(list: unknown[]): boolean {
+  for (let i = 0; i < list.length; i++) {
+    const v = list[i];
+    if (typeof v !== 'string') return false;
+    if (i > 0 && !((list[i - 1] as string) < v)) return false;
+  }
+  return true;
 }
 
 function isPlainObject(v: unknown): v is Record<string, unknown> {

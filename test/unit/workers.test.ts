@@ -51,6 +51,13 @@ describe('merging the workers answers', () => {
         { restored_pending: ['a'], retired_sessions: 1, accepting: false, mode: 'exported', capabilities: { supports_continuations: true } },
       ]),
     ).toEqual({ restored_pending: ['a', 'b'], retired_sessions: 3, accepting: false, mode: 'exported', capabilities: { supports_continuations: true } });
+    // Sorted lists merge linearly, unsorted ones are sorted; per-episode maps keep every key.
+    expect(
+      mergeExtras([
+        { staging_keys: ['a', 'c', 'e'], by_episode: { r1: ['k2', 'k1'], r3: ['k3'] }, notes: ['z', 'y', 'y'] },
+        { staging_keys: ['b', 'c', 'd'], by_episode: { r2: ['k4'] }, notes: ['x'] },
+      ]),
+    ).toEqual({ staging_keys: ['a', 'b', 'c', 'd', 'e'], by_episode: { r1: ['k1', 'k2'], r3: ['k3'], r2: ['k4'] }, notes: ['x', 'y', 'z'] });
   });
 
   it('one status: the most advanced phase with its checkpoint, the front identity, retired marks added', () => {
