@@ -148,6 +148,8 @@ describe('joinWorkerRecords', () => {
     const p = await parts([[rec('a')]]);
     const bad = [{ ...p[0]!, manifest: { ...p[0]!.manifest, records_sha256: '0'.repeat(64) } }];
     await expect(joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: bad })).rejects.toThrow(ProtocolError);
+    // The first part becomes the file by a rename: a failed join puts it back for a retry.
+    expect(readFileSync(path.join(p[0]!.dir, p[0]!.manifest.records_file), 'utf8')).toContain('"a"');
     await expect(joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p, stopped: () => true })).rejects.toThrow(
       /resumed/,
     );
