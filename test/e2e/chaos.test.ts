@@ -1,7 +1,9 @@
-// The fault-schedule command's smoke run in CI: three fixed seeds of `npm run chaos`, on the real
+// The fault-schedule command's smoke run in CI: two fixed seeds of `npm run chaos`, on the real
 // parts (dev server on its own SQLite file, worker process, Gym deployment, training run), each
-// checked by every check of scripts/chaos/checks.ts. Together they cover a double Gym crash, a
-// dev-server restart and a worker kill, each in a checkpoint window.
+// checked by every check of scripts/chaos/checks.ts. Together they cover a double Gym crash and a
+// dev-server restart, each in a checkpoint window. A worker killed in a checkpoint window has its
+// own test (test/e2e/controller.test.ts), so it is not run a second time here (the suite's time);
+// the campaigns (`npm run chaos -- --schedules 50`) draw every fault kind.
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -14,7 +16,6 @@ import { ChaosWorld } from '../../scripts/chaos/world.js';
 const SMOKE: Array<{ seed: number; kinds: FaultKind[]; covers: string }> = [
   { seed: 1086, kinds: ['gym_kill', 'gym_kill'], covers: 'Gym crashed twice: in a checkpoint window with model calls held, then at a training step' },
   { seed: 1172, kinds: ['temporal_restart'], covers: 'the dev server killed and restarted on its database in a checkpoint window' },
-  { seed: 1104, kinds: ['worker_kill'], covers: 'the worker killed in a checkpoint window' },
 ];
 
 const controlToken = randomBytes(16).toString('hex');
@@ -31,7 +32,7 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-describe('npm run chaos, three fixed seeds', () => {
+describe('npm run chaos, two fixed seeds', () => {
   for (const { seed, kinds, covers } of SMOKE) {
     it(`seed ${seed}: ${covers}; every check holds`, async () => {
       const schedule = drawSchedule(seed, { servers: gymServers() });
