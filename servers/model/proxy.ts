@@ -18,6 +18,7 @@ import { backendBody, callBackend, mapBackendError, type Backend, type Upstream 
 import type { AdmittedCall, GenerationCall, GenerationGate } from './gate.js';
 import { SseCollector, tokensOfCompletion } from './reply-tokens.js';
 import { ResponseStartDetector } from './response-start.js';
+import { isHopByHop } from '../common/hop-by-hop.js';
 
 export interface ModelProxyOptions {
   backend: Backend;
@@ -28,9 +29,6 @@ export interface ModelProxyOptions {
 export const GENERATION_ROUTES = ['/v1/chat/completions'] as const;
 
 const ChatRequestSchema = z.looseObject({ messages: z.array(z.unknown()) });
-
-/** Hop-by-hop headers belong to one connection and are never relayed. */
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'proxy-authenticate', 'proxy-authorization']);
 
 export { backendRootOf } from './backend.js';
 
@@ -214,7 +212,7 @@ function forward(
 function applyHead(reply: FastifyReply, upstream: Upstream): void {
   reply.code(upstream.status);
   for (const [name, value] of Object.entries(upstream.headers)) {
-    if (value !== undefined && !HOP_BY_HOP.has(name.toLowerCase())) reply.header(name, value);
+    if (value !== undefined && !isHopByHop(name)) reply.header(name, value);
   }
 }
 

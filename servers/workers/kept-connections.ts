@@ -10,6 +10,7 @@ import type { IncomingHttpHeaders, IncomingMessage, Server, ServerResponse } fro
 import type { Socket } from 'node:net';
 import { Pool } from 'undici';
 import { isRunRequest, ownerOf, rolloutOfUrl } from './owner.js';
+import { isHopByHop } from '../common/hop-by-hop.js';
 
 export interface KeptConnectionOptions {
   index: number;
@@ -17,9 +18,6 @@ export interface KeptConnectionOptions {
   /** The Unix socket of worker `j` (relays go there). */
   socketOf: (j: number) => string;
 }
-
-// Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are not relayed.
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade']);
 
 /**
  * Serves the requests of handed-off connections (`handedOff`) on `server`: its own ones through the
@@ -76,6 +74,6 @@ function relay(req: IncomingMessage, res: ServerResponse, pool: Pool): void {
 
 function relayed(headers: IncomingHttpHeaders): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
-  for (const [k, v] of Object.entries(headers)) if (v !== undefined && !HOP_BY_HOP.has(k)) out[k] = v;
+  for (const [k, v] of Object.entries(headers)) if (v !== undefined && !isHopByHop(k)) out[k] = v;
   return out;
 }
