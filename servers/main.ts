@@ -53,13 +53,14 @@ async function main(): Promise<void> {
   const tracing = await startTracing({ serviceName: values.name, otlpEndpoint, resourceAttributes: { 'gym.kind': entry.kind } });
   const mod = await loadServerModule(values.name, entry);
   if (entry.workers > 1 && mod.singleProcess) throw new ConfigError(`servers.${values.name}.workers`, `this server runs as one process: ${mod.singleProcess}`);
+  const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   if (entry.workers > 1 && values.worker === undefined) {
-    await runFront(values.name, entry, deployment, me.url, process.argv.slice(1));
+    const participates = mod.participates ? mod.participates(deployment, options) : deployment.checkpoint.enabled;
+    await runFront(values.name, entry, deployment, me.url, process.argv.slice(1), participates);
     return;
   }
   if (values['instance-id'] !== undefined) adoptServerInstanceId(values['instance-id']);
   if (values.worker !== undefined) setWorkerRole({ index: Number(values.worker), of: entry.workers });
-  const options = parseConfig(mod.optionsSchema, entry.options, `servers.${values.name}.options`);
   const ctx: ServerContext = {
     name: values.name,
     entry,
@@ -93,10 +94,11 @@ async function main(): Promise<void> {
 }
 
 /** The front of a multi-worker server: its workers first, then the server's URL; gone when any worker is. */
-async function runFront(name: string, entry: ServerEntry, deployment: Deployment, url: string, args: string[]): Promise<void> {
+async function runFront(name: string, entry: ServerEntry, deployment: Deployment, url: string, args: string[], participates: boolean): Promise<void> {
   const instanceId = randomUUID();
   const workers = await spawnWorkers({ workers: entry.workers, args, instanceId });
-  const token = deployment.checkpoint.enabled ? deployment.checkpoint.control_auth_token! : undefined;
+  // The control routes only where the workers have them (a model without checkpoint_policy has none: 404).
+  const token = participates ? deployment.checkpoint.control_auth_token! : undefined;
   const coordinator = token ? new WorkerCoordinator({ kind: entry.kind, instance: name, instanceId, token, sockets: workers.sockets }) : undefined;
   const front = await buildFront({ name, kind: entry.kind, workers: workers.processes, coordinator, token, logLevel: process.env.LOG_LEVEL ?? 'info' });
   await front.listen(Number(new URL(url).port));

@@ -25,6 +25,12 @@ export interface ServerModule<O = unknown> {
   optionsSchema: z.ZodType<O>;
   /** Why this server type must run as one process (`workers: 1`), if it must. */
   singleProcess?: string;
+  /**
+   * Whether the server is a checkpoint participant (mounts the control plane) with these options;
+   * absent: whenever the deployment's checkpoint block is enabled. A multi-worker server's front
+   * asks, so it answers the control routes only when its workers have them.
+   */
+  participates?(ctx: Pick<ServerContext, 'checkpoint'>, options: O): boolean;
   build(ctx: ServerContext, options: O): Promise<FastifyInstance>;
 }
 

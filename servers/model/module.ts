@@ -86,6 +86,11 @@ export function captureDirOf(ctx: ServerContext, options: PolicyModelOptions, ar
   return join(tmpdir(), 'gym-capture', ctx.name);
 }
 
+/** A checkpoint participant only with `checkpoint_policy` (and the deployment's checkpoint block enabled). */
+function isPolicyParticipant(ctx: Pick<ServerContext, 'checkpoint'>, options: PolicyModelOptions): boolean {
+  return ctx.checkpoint.enabled && options.checkpoint_policy;
+}
+
 export interface PolicyModelServer {
   app: FastifyInstance;
   /** Undefined unless checkpoint_policy and checkpoint.enabled. */
@@ -105,7 +110,7 @@ export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelO
   });
   const app = createGymApp({ name: ctx.name, kind: 'model', logLevel: ctx.logLevel });
   app.addHook('onClose', async () => closeThirdPartyPool());
-  if (!options.checkpoint_policy || !ctx.checkpoint.enabled) {
+  if (!isPolicyParticipant(ctx, options)) {
     registerModelProxy(app, { backend, gate: OPEN_GATE });
     return { app, participant: undefined };
   }
@@ -140,6 +145,7 @@ export async function buildPolicyModel(ctx: ServerContext, options: PolicyModelO
 
 const policyModel: ServerModule<PolicyModelOptions> = {
   optionsSchema: PolicyModelOptionsSchema,
+  participates: isPolicyParticipant,
   async build(ctx: ServerContext, options: PolicyModelOptions) {
     return (await buildPolicyModel(ctx, options)).app;
   },

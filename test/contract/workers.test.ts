@@ -276,3 +276,12 @@ describe.each(SERVERS)('$name ($kind) with workers: 2', ({ name, kind }) => {
     expect((await statusOf()).retired_rollouts).toBe(before);
   });
 });
+
+describe('a model server without checkpoint_policy, with workers: 2', () => {
+  it('is no participant: every control route is 404, as on one process', async () => {
+    for (const op of CONTROL_OPS) {
+      const r = await call(g().url('plain_model'), op, op === 'status' ? undefined : { checkpoint_id: 'x', deadline_ts: soon() });
+      expect(r.status, op).toBe(404);
+    }
+  });
+});
