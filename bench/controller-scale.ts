@@ -2,7 +2,7 @@
 // (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
-//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N]
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, and the
 // busiest workflow against Temporal's default limits.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -28,16 +28,20 @@ import { shardWorkflowId } from '../workflows/rolloutShard.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
 
 const TOKEN = 'bench-controller-scale';
-const GYM = `checkpoint:
+/** The Gym deployment; `workers` > 1 runs the model, the agent and the environment server as that many worker processes each (docs/multi-worker.md). */
+const gymYaml = (workers: number): string => {
+  const w = workers > 1 ? `, workers: ${workers}` : '';
+  return `checkpoint:
   enabled: true
   lease_grace_seconds: 600
 servers:
   policy_backend: { kind: inference, options: { seed: 1 } }
-  policy_model: { kind: model, options: { backend: policy_backend } }
-  simple_agent: { kind: agent, options: { model: policy_model, max_steps: 8 } }
+  policy_model: { kind: model, options: { backend: policy_backend }${w} }
+  simple_agent: { kind: agent, options: { model: policy_model, max_steps: 8 }${w} }
   weather: { kind: resources, type: weather }
-  weather_env: { kind: environment, options: { agent: simple_agent, resources: weather } }
+  weather_env: { kind: environment, options: { agent: simple_agent, resources: weather }${w} }
 `;
+};
 
 async function post(url: string, body: unknown): Promise<void> {
   const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
@@ -128,11 +132,11 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
 }
 
 /** A fresh dev server (Temporal's default limits, as a user's cluster has them) and Gym deployment, every rollout parked at its first model call. */
-async function world(rollouts: number, tag: string) {
+async function world(rollouts: number, tag: string, workers = 1) {
   const dir = await mkdtemp(join(tmpdir(), `bench-cscale-${tag}-${rollouts}-`));
   const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
   const stopServer = onExit('the Temporal dev server', () => server.stop());
-  await writeFile(join(dir, 'gym.yaml'), GYM);
+  await writeFile(join(dir, 'gym.yaml'), gymYaml(workers));
   const stopGym = onExit('the Gym deployment', () => downDeployment(join(dir, 'gym')));
   await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' } });
   const endpoints = readEndpoints(join(dir, 'gym'));
@@ -213,9 +217,9 @@ async function floorDispatchSeconds(rollouts: number): Promise<number> {
   return seconds;
 }
 
-async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean): Promise<Row> {
+async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean, gymWorkers: number): Promise<Row> {
   const floorS = withFloor ? await floorDispatchSeconds(rollouts) : Number.NaN;
-  const { server, backend, client, cfg, modelCalls, teardown } = await world(rollouts, 'controller');
+  const { server, backend, client, cfg, modelCalls, teardown } = await world(rollouts, 'controller', gymWorkers);
   // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
   // leave the rest unstarted (and the bench waiting for their model calls forever).
   const workers = await createControllerWorkers({
@@ -284,6 +288,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     ...median,
     outcome: new Set(taken.map((t) => t.outcome)).size === 1 ? String(median.outcome) : taken.map((t) => t.outcome).join(' '),
     checkpoints,
+    gym_workers: gymWorkers,
     admission_closed_each_s: taken.map((t) => Number(t.admission_closed_s).toFixed(3)).join(' '),
     dispatch_s: round3((dispatchedAt - t0) / 1000),
     dispatch_per_s: round3(rollouts / ((dispatchedAt - t0) / 1000)),
@@ -317,6 +322,8 @@ const { values } = parseArgs({
     'no-floor': { type: 'boolean', default: false },
     // The control worker's workflow threads (worker.ts default when not given).
     'control-threads': { type: 'string' },
+    // The model, agent and environment server as N worker processes each (the floor keeps one).
+    workers: { type: 'string', default: '1' },
   },
 });
 const controlThreads = values['control-threads'] === undefined ? undefined : Number(values['control-threads']);
@@ -325,7 +332,7 @@ if (!Number.isInteger(checkpoints) || checkpoints < 1) throw new Error(`--checkp
 const rows: Row[] = [];
 for (const n of values.rollouts!.map(Number)) {
   console.log(`controller-scale: ${n} rollouts in flight, ${checkpoints} checkpoint(s) …`);
-  rows.push(await runOnce(n, checkpoints, !values['no-floor']));
+  rows.push(await runOnce(n, checkpoints, !values['no-floor'], Number(values.workers)));
   printTable(rows);
 }
 const last = rows[rows.length - 1]!;
