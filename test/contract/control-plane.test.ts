@@ -9,7 +9,7 @@ import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 import { sleep } from '../helpers/wait.js';
 import { tempDir } from '../helpers/temp-dir.js';
-import { BAD_AUTHORIZATION, CONTROL_OPS, PHASES, PHASE_TABLE, expectPhaseAnswer, malformedBodies, phaseTableBody } from './route-table.js';
+import { BAD_AUTHORIZATION, CONTROL_OPS, PHASES, PHASE_TABLE, expectPhaseAnswer, malformedBodies, manifestCorruptions, phaseTableBody } from './route-table.js';
 
 const TOKEN = 'test-token';
 const AUTH = { authorization: `Bearer ${TOKEN}` };
@@ -429,13 +429,8 @@ describe('storage through the routes', () => {
     const records = join(pdir, c.body.manifest.records_file);
     const goodRecords = await readFile(records, 'utf8');
     const cases: Array<[string, () => Promise<void>]> = [
-      ['manifest not JSON', () => writeFile(manifestPath, '{oops')],
-      ['manifest not an object', () => writeFile(manifestPath, '[1]')],
-      ['manifest field missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_sha256: undefined }))],
-      ['records outside the directory', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: '../records.jsonl' }))],
-      ['records missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: `records-${'0'.repeat(64)}.jsonl` }))],
+      ...manifestCorruptions(manifestPath, good),
       ['digest mismatch', () => writeFile(records, goodRecords.replace('1}', '2}'))],
-      ['manifest missing', () => rm(manifestPath)],
     ];
     for (const [what, corrupt] of cases) {
       await writeFile(manifestPath, good);

@@ -1,6 +1,7 @@
 // The control-plane contract as data, shared by the in-process contract tests of the memory
 // participant (control-plane.test.ts) and the same checks against real multi-worker servers of
 // every kind (workers.test.ts): one table, so both are held to the same contract.
+import { rm, writeFile } from 'node:fs/promises';
 import { expect } from 'vitest';
 
 /** Authorization headers every route refuses with 401 `unauthorized` (besides a wrong token). */
@@ -132,4 +133,19 @@ export function expectPhaseAnswer(r: { status: number; body: any }, want: string
   else if (want === 'reopen') expect(r.body).toEqual({ phase: 'idle', idempotent: false });
   else if (want === 'ok') expect(r.body).toBeTypeOf('object');
   else expect(r.body.phase).toBe(want);
+}
+
+/**
+ * Ways a participant's manifest can be corrupt (§9.6 steps 1–2), each a restore must refuse with
+ * 422 `invalid_checkpoint_state`: `good` is the manifest's text, written back between cases.
+ */
+export function manifestCorruptions(manifestPath: string, good: string): Array<[string, () => Promise<void>]> {
+  return [
+    ['manifest not JSON', () => writeFile(manifestPath, '{oops')],
+    ['manifest not an object', () => writeFile(manifestPath, '[1]')],
+    ['manifest field missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_sha256: undefined }))],
+    ['records outside the directory', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: '../records.jsonl' }))],
+    ['records missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: `records-${'0'.repeat(64)}.jsonl` }))],
+    ['manifest missing', () => rm(manifestPath)],
+  ];
 }

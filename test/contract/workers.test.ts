@@ -4,14 +4,23 @@
 // front's one answer from its two worker processes, over real HTTP. No episode runs: the servers
 // stay restorable, and each test uses checkpoint IDs of its own (a resumed ID stays fenced).
 // Routing, a checkpoint mid-episode and a worker's SIGKILL are in test/e2e/gym/workers.test.ts.
-import { readFile, rm, writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
 import { sleep } from '../helpers/wait.js';
 import { TOKEN, bringUp, checkpointDir, tearDown, type Gym } from '../e2e/gym/harness.js';
-import { BAD_AUTHORIZATION, CONTROL_OPS, PHASE_TABLE, expectPhaseAnswer, malformedBodies, phaseTableBody, type Phase } from './route-table.js';
+import {
+  BAD_AUTHORIZATION,
+  CONTROL_OPS,
+  PHASE_TABLE,
+  expectPhaseAnswer,
+  malformedBodies,
+  manifestCorruptions,
+  phaseTableBody,
+  type Phase,
+} from './route-table.js';
 
 const SERVERS = [
   { name: 'counter_env', kind: 'environment' },
@@ -206,14 +215,7 @@ describe.each(SERVERS)('$name ($kind) with workers: 2', ({ name, kind }) => {
   it('every corrupt checkpoint is invalid_checkpoint_state (422), never a 500, and not fenced', async () => {
     const manifestPath = join(source.dir, 'gym', kind, name, 'manifest.json');
     const good = await readFile(manifestPath, 'utf8');
-    const cases: Array<[string, () => Promise<void>]> = [
-      ['manifest not JSON', () => writeFile(manifestPath, '{oops')],
-      ['manifest not an object', () => writeFile(manifestPath, '[1]')],
-      ['manifest field missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_sha256: undefined }))],
-      ['records outside the directory', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: '../records.jsonl' }))],
-      ['records missing', () => writeFile(manifestPath, JSON.stringify({ ...JSON.parse(good), records_file: `records-${'0'.repeat(64)}.jsonl` }))],
-      ['manifest missing', () => rm(manifestPath)],
-    ];
+    const cases = manifestCorruptions(manifestPath, good);
     const id = fresh('corrupt');
     try {
       for (const [what, corrupt] of cases) {

@@ -217,6 +217,15 @@ describe('checkpointing episodes that run on llama.cpp (SmolLM2-135M)', () => {
     const callsBeforeCrash = p().generations().length;
     await crash(g(), runs);
     for (const r of runs) expect(deliveredNoResult(r)).toBe(true);
+    // Released only once this process has seen the held calls' connections close (a release
+    // before that would send them on: a race the test would lose under load).
+    await waitFor(
+      "the held calls' callers gone",
+      () =>
+        p()
+          .held()
+          .filter((c) => c.callerGone).length === 3,
+    );
     p().release();
     await waitFor(
       'the held calls dropped',

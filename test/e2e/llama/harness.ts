@@ -82,6 +82,8 @@ export interface RecordedCall {
   held?: boolean;
   /** Held, and its caller was gone when released: never sent to llama.cpp. */
   dropped?: boolean;
+  /** Held, and its caller's connection closed meanwhile (seen by this process). */
+  callerGone?: boolean;
   at: number;
 }
 
@@ -153,6 +155,7 @@ export class RecordingProxy {
     this.calls.push(call);
     if (this.holdFrom !== undefined && call.path.endsWith('/chat/completions') && call.turn >= this.holdFrom) {
       call.held = true;
+      req.socket.once('close', () => void (call.callerGone = true));
       await new Promise<void>((r) => this.waiting.push(r));
       call.held = false;
       if (req.socket.destroyed || res.destroyed) {
