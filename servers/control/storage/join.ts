@@ -7,8 +7,8 @@ import { createHash } from 'node:crypto';
 import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { refuse } from '../../../protocol/errors.js';
-import { MANIFEST_FILE, type Manifest } from '../../../protocol/manifest.js';
-import { manifestExtras } from './manifest.js';
+import type { Manifest } from '../../../protocol/manifest.js';
+import { manifestExtras, readManifest } from './manifest.js';
 import { participantDir, storageError, tempPath } from './paths.js';
 import { publishRecordsFile, syncedManifest } from './writer.js';
 
@@ -111,7 +111,7 @@ export async function joinWorkerRecords(opts: JoinOptions): Promise<Manifest> {
 async function alreadyJoined(dir: string, opts: JoinOptions): Promise<Manifest | undefined> {
   let published: Manifest & { worker_parts?: Array<{ sha256: string }> };
   try {
-    published = JSON.parse(await fsp.readFile(path.join(dir, MANIFEST_FILE), 'utf8'));
+    published = await readManifest(dir, opts.kind, opts.instance, `${opts.kind}/${opts.instance}`);
   } catch {
     return undefined;
   }
