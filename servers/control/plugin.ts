@@ -3,11 +3,13 @@
 // `detail` array), typed refusals as the error envelope, anything untyped as a plain 500.
 import { timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
-import type { z } from 'zod';
+import { z } from 'zod';
 import { CONTROL_PREFIX, REQUEST_SCHEMAS } from '../../protocol/control.js';
 import { isProtocolError, refuse } from '../../protocol/errors.js';
 import { sendRefusal } from '../common/metrics.js';
 import { annotateRequestSpan } from '../common/tracing.js';
+import { placeHeldPart } from './storage/held-part.js';
+import { workerRole } from './storage/worker-role.js';
 import type {
   CheckpointRequest,
   CommitReply,
@@ -71,6 +73,14 @@ function zodDetail(error: z.ZodError): RequestValidationError {
   );
 }
 
+/**
+ * A worker of a multi-worker server only: its front has it write its held records part into the
+ * join's file (storage/held-part.ts). Not a protocol operation: the front answers this path 404
+ * to anyone else, as it does every control path it does not serve.
+ */
+export const PLACE_PART_OPERATION = 'place-part';
+const PlacePartSchema = z.object({ checkpoint_id: z.string().min(1), file: z.string().min(1), offset: z.number().int().nonnegative() }).strict();
+
 const POST_OPERATIONS = ['prepare', 'renew', 'commit', 'restore', 'resume', 'retire', 'forget'] as const;
 type PostOperation = (typeof POST_OPERATIONS)[number];
 const OTHER_METHODS = ['PUT', 'PATCH', 'DELETE'] as const;
@@ -130,6 +140,13 @@ export const controlPlugin: FastifyPluginAsync<ControlPluginOptions> = async (ap
     app.route({ method: [...OTHER_METHODS, 'GET'], url: `/${op}`, handler: methodNotAllowed });
   }
   app.route({ method: [...OTHER_METHODS, 'POST'], url: '/status', handler: methodNotAllowed });
+
+  if (workerRole() !== undefined) {
+    app.post(`/${PLACE_PART_OPERATION}`, async (req) => {
+      const body = parseWith(PlacePartSchema, req.body);
+      return placeHeldPart(body.checkpoint_id, body.file, body.offset);
+    });
+  }
 };
 
 async function methodNotAllowed(_req: FastifyRequest, reply: FastifyReply): Promise<void> {
@@ -137,6 +154,10 @@ async function methodNotAllowed(_req: FastifyRequest, reply: FastifyReply): Prom
 }
 
 function parseBody(op: PostOperation, raw: unknown): unknown {
+  return parseWith(REQUEST_SCHEMAS[op], raw);
+}
+
+function parseWith<T>(schema: z.ZodType<T>, raw: unknown): T {
   let json: unknown;
   if (typeof raw !== 'string' || raw.length === 0) {
     throw new RequestValidationError([{ type: 'missing', loc: ['body'], msg: 'Field required' }]);
@@ -146,7 +167,7 @@ function parseBody(op: PostOperation, raw: unknown): unknown {
   } catch (err) {
     throw new RequestValidationError([{ type: 'json_invalid', loc: ['body'], msg: `JSON decode error: ${(err as Error).message}` }]);
   }
-  const result = REQUEST_SCHEMAS[op].safeParse(json);
+  const result = schema.safeParse(json);
   if (!result.success) throw zodDetail(result.error);
   return result.data;
 }

@@ -3,7 +3,6 @@
 // call out to all of them, with the same body (or, for per-episode calls, each its own episodes),
 // and answers once from their answers: one status, one phase, one instance identity, one
 // manifest (storage/join.ts). A worker's refusal is the server's refusal.
-import { rm } from 'node:fs/promises';
 import {
   CONTROL_PREFIX,
   scopeKey,
@@ -24,10 +23,9 @@ import {
 } from '../../protocol/control.js';
 import { ERROR_CODES, ProtocolError, errorCodeOf, refuse, type ErrorCode } from '../../protocol/errors.js';
 import { Mutex } from '../common/async.js';
-import type { ControlSurface } from '../control/plugin.js';
-import { joinWorkerRecords, workerPartDir } from '../control/storage/join.js';
-import { participantDir } from '../control/storage/paths.js';
-import { mergeExtras, mergeReports, mergeStatus } from './merge.js';
+import { PLACE_PART_OPERATION, type ControlSurface } from '../control/plugin.js';
+import { joinDirectory, joinWorkerRecords } from '../control/storage/join.js';
+import { mergeExtras, mergeReports, mergeStatus, unionOfKeys } from './merge.js';
 import { partition } from './owner.js';
 import { ControlLink } from './control-link.js';
 
@@ -102,16 +100,12 @@ export class WorkerCoordinator implements ControlSurface {
   }
 
   private async runCommit(req: CommitRequest, state: JoinState): Promise<CommitReply> {
-    const participant = participantDir(req.checkpoint_dir, this.opts.kind, this.opts.instance);
     // Each worker commits the scope episodes it owns (it holds no other episode's state, and what
-    // it frees as left out of the scope is its own) into a hidden directory of the participant's.
+    // it frees as left out of the scope is its own), and holds its records as a part in memory.
     // A null scope (every episode the participant holds) stays null for each.
+    await joinDirectory(req.checkpoint_dir, this.opts.kind, this.opts.instance);
     const scopes = req.episode_ids && partition(req.episode_ids, (e) => e.rollout_id, this.links.length);
-    const replies = await this.each<CommitReply>('POST', 'commit', (i) => ({
-      ...req,
-      checkpoint_dir: workerPartDir(participant, i),
-      episode_ids: scopes ? scopes[i]! : null,
-    }));
+    const replies = await this.each<CommitReply>('POST', 'commit', (i) => ({ ...req, episode_ids: scopes ? scopes[i]! : null }));
     const extras = mergeExtras(replies.map(({ phase: _a, manifest: _b, episode_ids: _c, ...rest }) => rest));
     const manifest = await this.joinLock.run(() =>
       joinWorkerRecords({
@@ -119,17 +113,18 @@ export class WorkerCoordinator implements ControlSurface {
         kind: this.opts.kind,
         instance: this.opts.instance,
         checkpointId: req.checkpoint_id,
-        parts: replies.map((r, i) => ({ dir: participantDir(workerPartDir(participant, i), this.opts.kind, this.opts.instance), manifest: r.manifest })),
+        parts: replies.map((r) => r.manifest),
+        place: async (i, file, offset) => {
+          await this.call(i, 'POST', PLACE_PART_OPERATION, JSON.stringify({ checkpoint_id: req.checkpoint_id, file, offset }));
+        },
         stopped: () => state.stopped,
       }),
     );
-    // The parts are in the one records file now: not kept twice in the checkpoint (best effort).
-    await Promise.all(this.links.map((_, i) => rm(workerPartDir(participant, i), { recursive: true, force: true }).catch(() => undefined)));
     return {
       ...extras,
       phase: 'committed',
       manifest,
-      episode_ids: [...new Set(replies.flatMap((r) => r.episode_ids))].sort(),
+      episode_ids: unionOfKeys(replies.map((r) => r.episode_ids)),
     };
   }
 
@@ -142,7 +137,7 @@ export class WorkerCoordinator implements ControlSurface {
       ...extras,
       phase: 'restored',
       source_checkpoint_id: replies[0]!.source_checkpoint_id,
-      restored: [...new Set(replies.flatMap((r) => r.restored))].sort(),
+      restored: unionOfKeys(replies.map((r) => r.restored)),
     };
   }
 

@@ -53,6 +53,11 @@ function mergeValues(values: unknown[]): unknown {
   return values[0];
 }
 
+/** The sorted union of the workers' key lists (each already sorted, as every reply lists keys). */
+export function unionOfKeys(lists: readonly string[][]): string[] {
+  return joinLists(lists as unknown[][]) as string[];
+}
+
 function joinLists(lists: unknown[][]): unknown[] {
   // Workers' lists come sorted without duplicates: then one linear merge is the join.
   if (lists.every(isSortedUniqueStrings)) return lists.length === 1 ? lists[0]! : lists.reduce((a, b) => mergeSorted(a as string[], b as string[]));

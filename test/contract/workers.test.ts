@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { Agent, request } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
+import { PLACE_PART_OPERATION } from '../../servers/control/plugin.js';
 import { sleep } from '../helpers/wait.js';
 import { TOKEN, bringUp, checkpointDir, tearDown, type Gym } from '../e2e/gym/harness.js';
 import {
@@ -120,10 +121,12 @@ describe.each(SERVERS)('$name ($kind) with workers: 2', ({ name, kind }) => {
     }
   });
 
-  it('wrong method is 405 and an unknown operation is 404', async () => {
+  it("wrong method is 405 and an unknown operation is 404, the workers' own place-part included", async () => {
     expect((await call(g().url(name), 'prepare', undefined, AUTH, 'GET')).status).toBe(405);
     expect((await call(g().url(name), 'status', undefined, AUTH, 'POST')).status).toBe(405);
     expect((await call(g().url(name), 'explode', undefined, AUTH, 'POST')).status).toBe(404);
+    const place = { checkpoint_id: 'x', file: '/tmp/.records.jsonl.0000000000000000', offset: 0 };
+    expect((await call(g().url(name), PLACE_PART_OPERATION, place, AUTH, 'POST')).status).toBe(404);
   });
 
   /** Brings the server to `phase` under checkpoint ID `id`; the commit writes to `dir`. */

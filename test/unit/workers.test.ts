@@ -2,16 +2,19 @@
 // rollout, how the workers' answers become one participant's, and the one records file joined
 // from the workers' parts.
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { PrepareReport, StatusReply } from '../../protocol/control.js';
 import { ProtocolError } from '../../protocol/errors.js';
-import { joinWorkerRecords, workerPartDir } from '../../servers/control/storage/join.js';
+import type { Manifest } from '../../protocol/manifest.js';
+import { placeHeldPart } from '../../servers/control/storage/held-part.js';
+import { joinWorkerRecords } from '../../servers/control/storage/join.js';
 import { participantDir } from '../../servers/control/storage/paths.js';
 import { readRecords } from '../../servers/control/storage/reader.js';
 import { setWorkerRole } from '../../servers/control/storage/worker-role.js';
-import { writeRecords } from '../../servers/control/storage/writer.js';
+import { startRecordsWrite, writeRecords } from '../../servers/control/storage/writer.js';
 import { mergeExtras, mergeReports, mergeStatus } from '../../servers/workers/merge.js';
 import { ownerOf, partition, rolloutOfRunBody, rolloutOfUrl } from '../../servers/workers/owner.js';
 
@@ -88,38 +91,70 @@ describe('joinWorkerRecords', () => {
   const NAME = 'simple_agent';
   const rec = (id: string) => ({ episode_id: { rollout_id: id, attempt: 0 }, session: { n: id } });
 
-  async function parts(records: Array<Array<ReturnType<typeof rec>>>) {
-    const participant = participantDir(root, KIND, NAME);
-    return Promise.all(
-      records.map(async (rs, i) => {
-        const checkpointDir = workerPartDir(participant, i);
-        const manifest = await writeRecords({ checkpointDir, kind: KIND, instance: NAME, checkpointId: 'ck', records: rs });
-        return { dir: participantDir(checkpointDir, KIND, NAME), manifest };
-      }),
-    );
+  interface Part {
+    manifest: Manifest;
+    bytes: Buffer;
   }
+
+  /** Each worker's commit as a worker makes it (its part held in memory), and the bytes it places. */
+  async function parts(records: Array<Array<ReturnType<typeof rec>>>): Promise<Part[]> {
+    const out: Part[] = [];
+    try {
+      for (const [i, rs] of records.entries()) {
+        setWorkerRole({ index: i, of: records.length });
+        const manifest = await writeRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', records: rs });
+        const scratch = path.join(root, `.records.jsonl.${String(i).padStart(16, '0')}`);
+        writeFileSync(scratch, '');
+        await placeHeldPart('ck', scratch, 0);
+        out.push({ manifest, bytes: readFileSync(scratch) });
+        rmSync(scratch);
+      }
+    } finally {
+      setWorkerRole(undefined);
+    }
+    return out;
+  }
+
+  function join(p: readonly Part[], more: { stopped?: () => boolean; placed?: (i: number) => Buffer } = {}): Promise<Manifest> {
+    return joinWorkerRecords({
+      checkpointDir: root,
+      kind: KIND,
+      instance: NAME,
+      checkpointId: 'ck',
+      parts: p.map((x) => x.manifest),
+      place: async (i, file, offset) => {
+        const fh = await open(file, 'r+');
+        const bytes = more.placed?.(i) ?? p[i]!.bytes;
+        await fh.write(bytes, 0, bytes.length, offset);
+        await fh.close();
+      },
+      stopped: more.stopped,
+    });
+  }
+
+  const published = () => readdirSync(participantDir(root, KIND, NAME)).filter((f) => !f.startsWith('.'));
 
   it("joins the parts into the participant's one file, read back like a single process's; a second join is idempotent", async () => {
     const p = await parts([[rec('a'), rec('b')], [], [rec('c')]]);
-    const manifest = await joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p });
+    // A worker's commit writes nothing of its own into the checkpoint.
+    expect(readdirSync(root)).toEqual([]);
+    expect(p.map((x) => (x.manifest as { part_bytes?: number }).part_bytes)).toEqual(p.map((x) => x.bytes.length));
+    const manifest = await join(p);
     expect(manifest.record_count).toBe(3);
     const dir = participantDir(root, KIND, NAME);
-    expect(
-      readdirSync(dir)
-        .filter((f) => !f.startsWith('.'))
-        .sort(),
-    ).toEqual([manifest.records_file, 'manifest.json'].sort());
+    expect(readdirSync(dir).sort()).toEqual([manifest.records_file, 'manifest.json'].sort());
     expect(readFileSync(path.join(dir, manifest.records_file), 'utf8').trim().split('\n')).toHaveLength(3);
     const read = await readRecords({ checkpointDir: root, kind: KIND, instance: NAME, scope: null });
     expect(read.records.map((r) => r.episode_id.rollout_id)).toEqual(['a', 'b', 'c']);
-    expect(await joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p })).toEqual(manifest);
+    expect(await join(p)).toEqual(manifest);
+    expect(readdirSync(dir).sort()).toEqual([manifest.records_file, 'manifest.json'].sort());
   });
 
   it('a worker of a server with as many workers reads its own part only, checked against its own digest; any other reader the whole file', async () => {
     const p = await parts([[rec('a'), rec('b')], [], [rec('c')]]);
-    const manifest = await joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p });
+    const manifest = await join(p);
     expect((manifest as { worker_parts?: unknown }).worker_parts).toEqual(
-      p.map((x) => ({ bytes: expect.any(Number), records: x.manifest.record_count, sha256: x.manifest.records_sha256 })),
+      p.map((x) => ({ bytes: x.bytes.length, records: x.manifest.record_count, sha256: x.manifest.records_sha256 })),
     );
     const ids = async () => (await readRecords({ checkpointDir: root, kind: KIND, instance: NAME, scope: null })).records.map((r) => r.episode_id.rollout_id);
     try {
@@ -144,15 +179,34 @@ describe('joinWorkerRecords', () => {
     }
   });
 
-  it('refuses a part that does not match its manifest, and a join stopped by a resume publishes nothing', async () => {
-    const p = await parts([[rec('a')]]);
-    const bad = [{ ...p[0]!, manifest: { ...p[0]!.manifest, records_sha256: '0'.repeat(64) } }];
-    await expect(joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: bad })).rejects.toThrow(ProtocolError);
-    // The first part becomes the file by a rename: a failed join puts it back for a retry.
-    expect(readFileSync(path.join(p[0]!.dir, p[0]!.manifest.records_file), 'utf8')).toContain('"a"');
-    await expect(joinWorkerRecords({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck', parts: p, stopped: () => true })).rejects.toThrow(
-      /resumed/,
-    );
-    expect(readdirSync(participantDir(root, KIND, NAME)).filter((f) => !f.startsWith('.'))).toEqual([]);
+  it('publishes nothing and leaves no temp file when a placed part is not what its worker hashed, a size is missing, or a resume stopped it', async () => {
+    const p = await parts([[rec('a')], [rec('b')]]);
+    const torn = p[1]!.bytes.toString().replace('"b"', '"x"');
+    await expect(join(p, { placed: (i) => (i === 1 ? Buffer.from(torn) : p[i]!.bytes) })).rejects.toThrow(/worker 1's records part does not match its digest/);
+    const unsized = [p[0]!, { ...p[1]!, manifest: { ...p[1]!.manifest, part_bytes: undefined } }];
+    await expect(join(unsized)).rejects.toThrow(ProtocolError);
+    await expect(join(p, { stopped: () => true })).rejects.toThrow(/resumed/);
+    expect(readdirSync(participantDir(root, KIND, NAME))).toEqual([]);
+    expect(published()).toEqual([]);
+    // The parts are still there for a retried commit's join.
+    expect((await join(p)).record_count).toBe(2);
+  });
+
+  it("a worker's held part: only its checkpoint's, only into a join's temp file, gone once its checkpoint is resumed", async () => {
+    const file = path.join(root, '.records.jsonl.00000000000000aa');
+    writeFileSync(file, '');
+    try {
+      setWorkerRole({ index: 0, of: 2 });
+      const write = startRecordsWrite({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck1', records: [rec('a')] });
+      const manifest = await write.done;
+      await expect(placeHeldPart('ck0', file, 0)).rejects.toThrow(/no records part of checkpoint 'ck0'/);
+      await expect(placeHeldPart('ck1', path.join(root, 'records.jsonl'), 0)).rejects.toThrow(/not a join's temporary records file/);
+      expect(await placeHeldPart('ck1', file, 0)).toEqual({ bytes: (manifest as { part_bytes?: number }).part_bytes });
+      expect(readFileSync(file, 'utf8')).toContain('"a"');
+      await write.stop();
+      await expect(placeHeldPart('ck1', file, 0)).rejects.toThrow(/no records part of checkpoint 'ck1'/);
+    } finally {
+      setWorkerRole(undefined);
+    }
   });
 });

@@ -25,12 +25,8 @@ export function manifestExtras(extras: Record<string, unknown> | undefined): Rec
   }
 }
 
-/**
- * Creates `manifest.json` only if absent (durably: fsynced, as is its directory, unless `sync` is
- * false); returns `manifest`, or the one already there.
- */
-export async function publishManifest(dir: string, manifest: Manifest, opts: { sync?: boolean } = {}): Promise<Record<string, unknown>> {
-  const sync = opts.sync !== false;
+/** Creates `manifest.json` only if absent (durably: fsynced, as is its directory); returns `manifest`, or the one already there. */
+export async function publishManifest(dir: string, manifest: Manifest): Promise<Record<string, unknown>> {
   const tmp = tempPath(dir, MANIFEST_FILE);
   const target = path.join(dir, MANIFEST_FILE);
   let created = false;
@@ -39,7 +35,7 @@ export async function publishManifest(dir: string, manifest: Manifest, opts: { s
     try {
       // As the reference writes it: keys sorted at every level, one-space indent, no trailing newline.
       await fh.writeFile(JSON.stringify(sortKeysDeep(manifest), null, 1));
-      if (sync) await fh.sync();
+      await fh.sync();
     } finally {
       await fh.close();
     }
@@ -53,7 +49,7 @@ export async function publishManifest(dir: string, manifest: Manifest, opts: { s
     await fsp.rm(tmp, { force: true });
   }
   if (created) {
-    if (sync) await fsyncPath(dir);
+    await fsyncPath(dir);
     return manifest;
   }
   const existing = await readManifestObject(dir);

@@ -1,13 +1,20 @@
 // The records file as it is written (§9.4–9.5): each record checked for its episode and encoded
 // once, straight into large byte batches (never held as JS strings); each batch is written at its
 // file position and hashed while the next one is encoded.
-import type { FileHandle } from 'node:fs/promises';
 import { refuse } from '../../../protocol/errors.js';
 import { captureKey, decodeEpisodeId } from '../../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError } from '../../../protocol/lossless-json.js';
 import { RecordsDigest, sharedBuffer } from './digest.js';
 import { describeValue } from './paths.js';
 import { isPlainObject } from './record-lines.js';
+
+/** Where the bytes go: an open records file (a `FileHandle`), or a worker's part in memory (held-part.ts). */
+export interface RecordsTarget {
+  write(buffer: Buffer, offset: number, length: number, position: number): Promise<{ bytesWritten: number }>;
+  sync(): Promise<void>;
+  datasync(): Promise<void>;
+  close(): Promise<void>;
+}
 
 const BATCH_BYTES = 8 << 20;
 /** Batches written at once before the encoder waits for the disk. */
@@ -29,7 +36,7 @@ export class RecordsSink {
 
   /** `sync: false`: nothing is fsynced (a worker's part, joined and made durable by its front). */
   constructor(
-    private readonly fh: FileHandle,
+    private readonly fh: RecordsTarget,
     private readonly opts: { sync: boolean } = { sync: true },
   ) {}
 
@@ -98,7 +105,7 @@ export class RecordsSink {
   }
 }
 
-async function fileWrite(fh: FileHandle, data: Buffer, position: number): Promise<void> {
+async function fileWrite(fh: RecordsTarget, data: Buffer, position: number): Promise<void> {
   for (let done = 0; done < data.length; ) {
     const { bytesWritten } = await fh.write(data, done, data.length - done, position + done);
     if (bytesWritten <= 0) throw new Error('write made no progress');

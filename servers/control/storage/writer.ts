@@ -11,6 +11,7 @@ import { Mutex } from '../../common/async.js';
 import { fsyncPath } from '../../common/durable-files.js';
 import { manifestExtras, publishManifest } from './manifest.js';
 import { participantDir, storageError, tempPath } from './paths.js';
+import { dropHeldPart, holdPart, MemoryRecordsTarget } from './held-part.js';
 import { RecordsSink } from './records-sink.js';
 import { workerRole } from './worker-role.js';
 
@@ -38,9 +39,17 @@ const STOPPED = 'the checkpoint was resumed before its write finished';
 export function startRecordsWrite(opts: RecordsWriteOptions): RecordsWrite {
   const lock = new Mutex();
   const flag = { stopped: false };
-  const done = runWrite(opts, lock, flag);
+  // A worker of a multi-worker server writes no file of its own: its part waits in memory for the
+  // front's join (held-part.ts), and goes when its checkpoint is resumed.
+  const part = workerRole() !== undefined;
+  const done = part ? runPartWrite(opts, lock, flag) : runWrite(opts, lock, flag);
   done.catch(() => {}); // the caller may only ever call stop(); never an unhandled rejection
-  return { done, stop: () => lock.run(() => void (flag.stopped = true)) };
+  const stop = (): Promise<void> =>
+    lock.run(() => {
+      flag.stopped = true;
+      if (part) dropHeldPart(opts.checkpointId);
+    });
+  return { done, stop };
 }
 
 export function writeRecords(opts: RecordsWriteOptions): Promise<Manifest> {
@@ -57,34 +66,73 @@ async function runWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped:
     const extras = manifestExtras(opts.extras);
     await fsp.mkdir(dir, { recursive: true });
     tmp = tempPath(dir, 'records.jsonl');
-    // A worker's part is joined by its front, which makes the one records file durable.
-    const durable = workerRole() === undefined;
-    sink = new RecordsSink(await fsp.open(tmp, 'wx'), { sync: durable });
-    const s = sink;
-    const add = (record: object): Promise<void> | undefined => {
-      if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
-      return s.add(record);
-    };
-    // Sync iterables without an await per record: only a full batch waits.
-    if (Symbol.asyncIterator in opts.records) for await (const record of opts.records) await add(record);
-    else
-      for (const record of opts.records) {
-        const wait = add(record);
-        if (wait) await wait;
-      }
-    const { sha256, count } = await sink.finish();
-    const manifest = await syncedManifest({ ...opts, dir, extras, sha256, count, sync: durable });
+    sink = new RecordsSink(await fsp.open(tmp, 'wx'));
+    const { sha256, count } = await streamRecords(sink, opts.records, flag);
+    const manifest = await syncedManifest({ ...opts, dir, extras, sha256, count });
     return await lock.run(async () => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
       const file = tmp!;
       tmp = undefined;
-      return publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir, sync: durable });
+      return publishRecordsFile({ dir, file, manifest, where, checkpointDir: opts.checkpointDir });
     });
   } catch (err) {
     await sink?.abort();
     if (tmp) await fsp.rm(tmp, { force: true }).catch(() => {});
     throw storageError(err, `writing the records of ${where}`);
   }
+}
+
+/**
+ * A worker's part: encoded and hashed as a file would be, held in memory. Its "manifest" is never
+ * published: it tells the front the part's digest, count and size (`part_bytes`) for the join.
+ */
+async function runPartWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stopped: boolean }): Promise<Manifest> {
+  const where = `${opts.kind}/${opts.instance}`;
+  const target = new MemoryRecordsTarget();
+  const sink = new RecordsSink(target, { sync: false });
+  try {
+    if (typeof opts.checkpointId !== 'string') throw refuse('invalid_checkpoint_state', 'checkpoint_id is not a string');
+    const extras = manifestExtras(opts.extras);
+    const { sha256, count } = await streamRecords(sink, opts.records, flag);
+    return await lock.run(() => {
+      if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
+      holdPart({ checkpointId: opts.checkpointId, chunks: target.chunks, bytes: target.bytes });
+      return {
+        ...extras,
+        schema_version: SCHEMA_VERSION,
+        kind: opts.kind,
+        instance: opts.instance,
+        checkpoint_id: opts.checkpointId,
+        records_file: recordsFileName(sha256),
+        records_sha256: sha256,
+        record_count: count,
+        part_bytes: target.bytes,
+      };
+    });
+  } catch (err) {
+    await sink.abort();
+    throw storageError(err, `writing the records of ${where}`);
+  }
+}
+
+/** Every record into the sink, in order; its digest and count. */
+async function streamRecords(
+  sink: RecordsSink,
+  records: Iterable<object> | AsyncIterable<object>,
+  flag: { stopped: boolean },
+): Promise<{ sha256: string; count: number }> {
+  const add = (record: object): Promise<void> | undefined => {
+    if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
+    return sink.add(record);
+  };
+  // Sync iterables without an await per record: only a full batch waits.
+  if (Symbol.asyncIterator in records) for await (const record of records) await add(record);
+  else
+    for (const record of records) {
+      const wait = add(record);
+      if (wait) await wait;
+    }
+  return sink.finish();
 }
 
 /**
@@ -101,8 +149,6 @@ export async function syncedManifest(o: {
   extras: Record<string, unknown>;
   sha256: string;
   count: number;
-  /** false: no directory is fsynced (a worker's part, storage/worker-role.ts). */
-  sync?: boolean;
 }): Promise<Manifest> {
   const manifest: Manifest = {
     ...o.extras,
@@ -115,7 +161,7 @@ export async function syncedManifest(o: {
     record_count: o.count,
   };
   const kindDir = path.dirname(o.dir);
-  if (o.sync !== false) await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
+  await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
   return manifest;
 }
 
@@ -124,21 +170,14 @@ export async function syncedManifest(o: {
  * identical one already there is returned: an idempotent re-commit); another commit's manifest is
  * a refusal, and this writer's records file goes unless it is the published one.
  */
-export async function publishRecordsFile(o: {
-  dir: string;
-  file: string;
-  manifest: Manifest;
-  where: string;
-  checkpointDir: string;
-  sync?: boolean;
-}): Promise<Manifest> {
+export async function publishRecordsFile(o: { dir: string; file: string; manifest: Manifest; where: string; checkpointDir: string }): Promise<Manifest> {
   const recordsPath = path.join(o.dir, o.manifest.records_file);
   // An identical same-named file may be replaced; a failed rename leaves no temp file behind.
   await fsp.rename(o.file, recordsPath).catch(async (err: unknown) => {
     await fsp.rm(o.file, { force: true }).catch(() => {});
     throw err;
   });
-  const published = await publishManifest(o.dir, o.manifest, { sync: o.sync !== false });
+  const published = await publishManifest(o.dir, o.manifest);
   // Ours, or an identical one already there: key order ignored, 1 equals 1.0 (as in Python).
   if (published === o.manifest || isDeepStrictEqual(toPlainJson(published), toPlainJson(o.manifest))) return published as Manifest;
   if (published.records_file !== o.manifest.records_file) await fsp.rm(recordsPath, { force: true });
