@@ -100,7 +100,15 @@ async function runFront(name: string, entry: ServerEntry, deployment: Deployment
   // The control routes only where the workers have them (a model without checkpoint_policy has none: 404).
   const token = participates ? deployment.checkpoint.control_auth_token! : undefined;
   const coordinator = token ? new WorkerCoordinator({ kind: entry.kind, instance: name, instanceId, token, sockets: workers.sockets }) : undefined;
-  const front = await buildFront({ name, kind: entry.kind, workers: workers.processes, coordinator, token, logLevel: process.env.LOG_LEVEL ?? 'info' });
+  const front = await buildFront({
+    name,
+    kind: entry.kind,
+    workers: workers.processes,
+    sockets: workers.sockets,
+    coordinator,
+    token,
+    logLevel: process.env.LOG_LEVEL ?? 'info',
+  });
   await front.listen(Number(new URL(url).port));
   const app = front.app;
   app.log.info({ url, workers: entry.workers }, 'listening');

@@ -20,6 +20,8 @@ export interface GymAppOptions {
   bodyLimit?: number;
   /** Node process metrics (CPU, memory, GC, event loop) in `/metrics` too; default true. */
   processMetrics?: boolean;
+  /** A multi-worker server's front: its workers' metrics, added to its own (metrics.ts). */
+  workerMetrics?: () => Promise<unknown[][]>;
 }
 
 export function createGymApp(opts: GymAppOptions): FastifyInstance {
@@ -40,7 +42,7 @@ export function createGymApp(opts: GymAppOptions): FastifyInstance {
   // Decided once per app: a process that does not trace has no tracing hooks at all.
   if (tracingOn()) traceGymRequests(app, { name: opts.name, kind: opts.kind });
   app.get('/healthz', async () => ({ ok: true, server: opts.name, kind: opts.kind }));
-  serveMetrics(app, { processMetrics: opts.processMetrics });
+  serveMetrics(app, { processMetrics: opts.processMetrics, workerMetrics: opts.workerMetrics });
   app.setErrorHandler((err, req, reply) => {
     if (isProtocolError(err)) return sendRefusal(reply, err);
     const e = err as { statusCode?: number; code?: string; message?: string; validation?: unknown };

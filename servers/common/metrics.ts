@@ -3,12 +3,13 @@
 // instance: tests run several servers in one process. Label values come from fixed sets only
 // (phases, operations, the codes of protocol/errors.ts): never episode, capture or checkpoint IDs.
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import { AggregatorRegistry, Counter, collectDefaultMetrics, Gauge, Histogram, type MetricObjectWithValues, type MetricValue, Registry } from 'prom-client';
 import { PHASES } from '../../protocol/control.js';
 import { ERROR_CODES, type ErrorCode, type ProtocolError } from '../../protocol/errors.js';
 import { SECONDS_BUCKETS } from '../../protocol/metric-buckets.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { ReadinessReport } from '../control/hooks.js';
+import { workerRole } from '../control/storage/worker-role.js';
 import { annotateRequestSpan } from './tracing.js';
 
 const DECORATOR = 'gymMetrics';
@@ -46,13 +47,23 @@ export class GymMetrics {
   }
 
   async scrape(): Promise<string> {
+    this.startDefaults();
+    return this.registry.metrics();
+  }
+
+  /** The metrics as prom-client's JSON, for a multi-worker server's front to add up. */
+  async scrapeJson(): Promise<MetricObjectWithValues<MetricValue<string>>[]> {
+    this.startDefaults();
+    return this.registry.getMetricsAsJSON();
+  }
+
+  private startDefaults(): void {
     if (this.defaultsPending) {
       // On the first scrape only: a server nobody scrapes (most test servers) starts no GC
       // observer or event-loop monitor, which prom-client never stops.
       this.defaultsPending = false;
       collectDefaultMetrics({ register: this.registry });
     }
-    return this.registry.metrics();
   }
 }
 
@@ -70,6 +81,8 @@ export class ControlMetrics {
       help: 'Control plane phase: 1 for the current one, 0 for the others.',
       labelNames: ['phase'],
       registers,
+      // A multi-worker server's workers move through the phases together: 1 where any worker is.
+      aggregator: 'max',
       collect() {
         for (const phase of PHASES) this.set({ phase }, phase === plane.currentPhase ? 1 : 0);
       },
@@ -146,15 +159,32 @@ function size(items: Iterable<unknown>): number {
   return Array.isArray(items) ? items.length : [...items].length;
 }
 
+/**
+ * A worker's metrics as JSON, for its front (docs/multi-worker.md). Served by workers only, and
+ * never reachable through the server's URL: the front answers this prefix itself (404).
+ */
+export const WORKER_METRICS_PATH = '/_ng_worker/metrics';
+
+export interface ServeMetricsOptions {
+  processMetrics?: boolean;
+  /** A multi-worker server's front: its workers' metrics (JSON), added to its own in one scrape. */
+  workerMetrics?: () => Promise<unknown[][]>;
+}
+
 /** Gives the app its metrics and serves them at `GET /metrics`. */
-export function serveMetrics(app: FastifyInstance, opts: { processMetrics?: boolean } = {}): GymMetrics {
+export function serveMetrics(app: FastifyInstance, opts: ServeMetricsOptions = {}): GymMetrics {
   const metrics = new GymMetrics(opts);
   app.decorate(DECORATOR, metrics);
+  const workers = opts.workerMetrics;
   // Scraped every few seconds: not worth two info log lines each time.
   app.get('/metrics', { logLevel: 'warn' }, async (_req, reply) => {
-    const text = await metrics.scrape();
-    return reply.type(metrics.registry.contentType).send(text);
+    if (!workers) return reply.type(metrics.registry.contentType).send(await metrics.scrape());
+    // Counters and histograms add up, gauges as each metric says (prom-client's cluster aggregation).
+    const [own, theirs] = await Promise.all([metrics.scrapeJson(), workers()]);
+    const all = AggregatorRegistry.aggregate([own, ...theirs]);
+    return reply.type(all.contentType).send(await all.metrics());
   });
+  if (workerRole() !== undefined) app.get(WORKER_METRICS_PATH, { logLevel: 'warn' }, async () => metrics.scrapeJson());
   return metrics;
 }
 
@@ -164,11 +194,19 @@ export function metricsOf(app: FastifyInstance): GymMetrics | undefined {
 }
 
 /**
+ * A worker's answer to its front, which came on the worker's Unix socket (callers' connections,
+ * handed over by the front, are TCP): the front counts the refusal it relays, once for the server.
+ */
+function toOwnFront(reply: FastifyReply): boolean {
+  return workerRole() !== undefined && reply.request.raw.socket?.remoteFamily === undefined;
+}
+
+/**
  * Sends a typed refusal and counts it: the one way a server answers with an error envelope (the
  * error handlers use it too), so no refusal is missed and no response body is ever inspected.
  */
 export function sendRefusal(reply: FastifyReply, err: ProtocolError): FastifyReply {
-  metricsOf(reply.server)?.refused(err.code);
+  if (!toOwnFront(reply)) metricsOf(reply.server)?.refused(err.code);
   annotateRequestSpan(reply.request, { 'gym.error_code': err.code });
   return reply.code(err.status).send(err.toEnvelope());
 }

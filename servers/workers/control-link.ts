@@ -1,7 +1,7 @@
 // The front's control connection to one worker of a multi-worker server (docs/multi-worker.md):
-// plain HTTP/1.1 over the worker's Unix socket. Only the control plane uses it (a few calls per
-// checkpoint, fanned out to every worker); callers' requests never pass through the front
-// (handoff.ts).
+// plain HTTP/1.1 over the worker's Unix socket. Only the control plane (a few calls per
+// checkpoint, fanned out to every worker) and `/metrics` use it; callers' requests never pass
+// through the front (handoff.ts).
 import { Pool } from 'undici';
 
 /** Control calls in flight to one worker at once (prepare may wait, status and renew go beside it). */
@@ -10,9 +10,9 @@ const CONNECTIONS = 8;
 export class ControlLink {
   private readonly pool: Pool;
 
-  constructor(socketPath: string) {
+  constructor(socketPath: string, connections = CONNECTIONS) {
     // No timeouts here: a control call's deadline is the controller's (it gives up, then resumes).
-    this.pool = new Pool('http://worker', { socketPath, connections: CONNECTIONS, headersTimeout: 0, bodyTimeout: 0 });
+    this.pool = new Pool('http://worker', { socketPath, connections, headersTimeout: 0, bodyTimeout: 0 });
   }
 
   /** One call: its status and body text. */

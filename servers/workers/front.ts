@@ -1,8 +1,8 @@
 // The front of a multi-worker server (docs/multi-worker.md): the server's one URL. It reads the
 // start of each connection's first request and hands the connection to the worker that owns the
 // request's rollout (owner.ts, handoff.ts); requests that name no rollout spread round-robin.
-// `/healthz`, `/metrics` and the control routes it serves itself (the control routes as the one
-// participant, coordinator.ts), on the same connection.
+// `/healthz`, `/metrics` (its own and its workers', added up) and the control routes it serves
+// itself (the control routes as the one participant, coordinator.ts), on the same connection.
 import type { ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import type { FastifyInstance } from 'fastify';
@@ -10,7 +10,9 @@ import { CONTROL_PREFIX } from '../../protocol/control.js';
 import { refuse } from '../../protocol/errors.js';
 import { SERVER_LISTEN_BACKLOG } from '../../protocol/keep-alive.js';
 import { createGymApp } from '../common/app.js';
+import { WORKER_METRICS_PATH } from '../common/metrics.js';
 import { mountControlPlane } from '../control/plugin.js';
+import { ControlLink } from './control-link.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import { handOff, serveConnection } from './handoff.js';
 import { isRunRequest, ownerOf, rolloutOfRunBody, rolloutOfUrl } from './owner.js';
@@ -21,6 +23,8 @@ export interface FrontOptions {
   kind: string;
   /** The worker processes, in worker order (their IPC channels take the connections). */
   workers: readonly ChildProcess[];
+  /** Their Unix sockets, in worker order (the front reads their metrics there). */
+  sockets: readonly string[];
   /** Set when checkpointing is on: the control routes, fanned out to the workers. */
   coordinator?: WorkerCoordinator;
   token?: string;
@@ -38,7 +42,17 @@ export interface Front {
 const MAX_RUN_BODY_BYTES = 64 * 1024 * 1024;
 
 export async function buildFront(opts: FrontOptions): Promise<Front> {
-  const app = createGymApp({ name: opts.name, kind: opts.kind, logLevel: opts.logLevel });
+  // `/metrics` is the whole server's: the front's own and every worker's, added up.
+  const metricLinks = opts.sockets.map((socket) => new ControlLink(socket, 1));
+  const workerMetrics = (): Promise<unknown[][]> =>
+    Promise.all(
+      metricLinks.map(async (link, i) => {
+        const res = await link.call('GET', WORKER_METRICS_PATH, {});
+        if (res.status !== 200) throw new Error(`worker ${i} answered its metrics with HTTP ${res.status}`);
+        return JSON.parse(res.text) as unknown[];
+      }),
+    );
+  const app = createGymApp({ name: opts.name, kind: opts.kind, logLevel: opts.logLevel, workerMetrics });
   if (opts.coordinator) await mountControlPlane(app, { plane: opts.coordinator, token: opts.token! });
   // A /run reaches the front's own app only when it could not route it; anything else not a route
   // of the front is a 404, as on a single-process server.
@@ -72,13 +86,15 @@ export async function buildFront(opts: FrontOptions): Promise<Front> {
     close: async () => {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await app.close();
+      await Promise.all(metricLinks.map((l) => l.close()));
     },
   };
 }
 
 function isFrontRoute(target: string): boolean {
   const path = target.split('?')[0]!;
-  return path === '/healthz' || path === '/metrics' || path.startsWith(`${CONTROL_PREFIX}/`);
+  // The workers' own metrics route is the front's to ask for: 404 to anyone else.
+  return path === '/healthz' || path === '/metrics' || path.startsWith(`${CONTROL_PREFIX}/`) || path === WORKER_METRICS_PATH;
 }
 
 function isRun(start: RequestStart): boolean {

@@ -101,6 +101,19 @@ describe.each(SERVERS)('$name ($kind) with workers: 2', ({ name, kind }) => {
     expect((await statusOf()).instance_id).toBe(st.instance_id);
   });
 
+  it("/metrics is the whole server's: a refusal both workers answered the front counts once, as the server answered it once", async () => {
+    const refusals = async (): Promise<number> => {
+      const res = await request(`${g().url(name)}/metrics`, { dispatcher: pool });
+      const text = await res.body.text();
+      return Number(/^gym_refusals_total\{code="invalid_phase"\} (\d+)$/m.exec(text)?.[1]);
+    };
+    const before = await refusals();
+    expect(
+      (await c('commit', { checkpoint_id: fresh('idle-commit'), deadline_ts: soon(), checkpoint_dir: checkpointDir(g(), 'x'), episode_ids: [] })).status,
+    ).toBe(409);
+    expect(await refusals()).toBe(before + 1);
+  });
+
   it('refuses every route without or with a wrong token (401 unauthorized)', async () => {
     for (const op of CONTROL_OPS) {
       for (const headers of BAD_AUTHORIZATION(TOKEN)) {

@@ -12,6 +12,7 @@ import { groupAlive } from '../../../servers/launcher/group-liveness.js';
 import { prepare, resume } from '../../../activities/coordination.js';
 import { killDeployment, restartDeployment } from '../../../servers/launcher/launcher.js';
 import { readRunState } from '../../../servers/launcher/run-dir.js';
+import { WORKER_METRICS_PATH } from '../../../servers/common/metrics.js';
 import { ownerOf } from '../../../servers/workers/owner.js';
 import { runtimeDirOf, workerPid } from '../../../servers/workers/spawn-workers.js';
 import { ControlLink } from '../../../servers/workers/control-link.js';
@@ -148,6 +149,14 @@ describe('servers with workers: 2', () => {
     const run = startRun(g(), ENV, episode(rollout), task);
     await g().backend.waitForCalls(2);
     const ckpt = await prepareAndCommit(g(), 'ckpt-mw', [episode(rollout)]);
+    // The server's /metrics adds up its workers': the one record, exported by its owner alone; the
+    // phase the workers are in; the process metrics of all three processes.
+    const metrics = await scrape(g().url('simple_agent'));
+    expect(metrics).toMatch(/^gym_records_exported_total 1$/m);
+    expect(metrics).toMatch(new RegExp(`^gym_control_phase\\{phase="${(await status(g(), 'simple_agent')).phase}"\\} 1$`, 'm'));
+    expect(metrics).toMatch(/^gym_episodes_in_flight 1$/m);
+    expect(Number(/^nodejs_heap_size_used_bytes (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThan(0);
+    expect((await request(`${g().url('simple_agent')}${WORKER_METRICS_PATH}`)).statusCode).toBe(404);
     const data = task.task_input.task_data as { initial_count: number };
     const firstIncrement = base.calls[0]!.action === 'inc1' ? 1 : base.calls[0]!.action === 'inc2' ? 2 : 3;
     expect(readRecords(ckpt.dir, 'resources', 'counter')).toMatchObject([
@@ -203,3 +212,9 @@ describe('servers with workers: 2', () => {
     await forgetRollouts(g(), [rollout]);
   });
 });
+
+async function scrape(url: string): Promise<string> {
+  const res = await request(`${url}/metrics`);
+  expect(res.statusCode).toBe(200);
+  return res.body.text();
+}
