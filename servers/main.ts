@@ -75,7 +75,7 @@ async function main(): Promise<void> {
     // Its socket takes the front's control calls; callers' connections come handed over by the front.
     await app.listen({ path: values.socket });
     const socketDir = path.dirname(values.socket);
-    acceptHandoffs(app.server, { index: Number(values.worker), workers: entry.workers, socketOf: (j) => workerSocketPath(socketDir, j) });
+    acceptHandoffs(app.server, { index: Number(values.worker), workers: entry.workers, socketOf: (j) => workerSocketPath(socketDir, j), frontUrl: me.url });
     app.log.info({ worker: Number(values.worker), socket: values.socket }, 'worker listening');
     announceWorkerReady();
   } else {

@@ -6,7 +6,6 @@
 import type { ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import type { FastifyInstance } from 'fastify';
-import { CONTROL_PREFIX } from '../../protocol/control.js';
 import { refuse } from '../../protocol/errors.js';
 import { SERVER_LISTEN_BACKLOG } from '../../protocol/keep-alive.js';
 import { createGymApp } from '../common/app.js';
@@ -14,6 +13,7 @@ import { WORKER_METRICS_PATH } from '../common/metrics.js';
 import { mountControlPlane } from '../control/plugin.js';
 import { ControlLink } from './control-link.js';
 import type { WorkerCoordinator } from './coordinator.js';
+import { isFrontRoute } from './front-routes.js';
 import { handOff, serveConnection } from './handoff.js';
 import { isRunRequest, ownerOf, rolloutOfRunBody, rolloutOfUrl } from './owner.js';
 import { readRequestStart, type RequestStart } from './request-start.js';
@@ -89,12 +89,6 @@ export async function buildFront(opts: FrontOptions): Promise<Front> {
       await Promise.all(metricLinks.map((l) => l.close()));
     },
   };
-}
-
-function isFrontRoute(target: string): boolean {
-  const path = target.split('?')[0]!;
-  // The workers' own metrics route is the front's to ask for: 404 to anyone else.
-  return path === '/healthz' || path === '/metrics' || path.startsWith(`${CONTROL_PREFIX}/`) || path === WORKER_METRICS_PATH;
 }
 
 function isRun(start: RequestStart): boolean {

@@ -5,10 +5,13 @@
 // request this worker does not own (a caller with another number of workers, or one process) is
 // relayed to its owner over the owner's socket, and the connection then closes, so the caller's
 // next request goes through the front. A `/run` closes its connection too: its rollout is in its
-// body, which only the front reads before choosing a worker.
+// body, which only the front reads before choosing a worker. A request for one of the front's own
+// routes (a control call, `/metrics`) is relayed to the front, so it reaches the server's one
+// participant and not this worker's part of it, and the connection then closes too.
 import type { IncomingHttpHeaders, IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Pool } from 'undici';
+import { isFrontRoute } from './front-routes.js';
 import { isRunRequest, ownerOf, rolloutOfUrl } from './owner.js';
 import { isHopByHop } from '../common/hop-by-hop.js';
 
@@ -17,6 +20,8 @@ export interface KeptConnectionOptions {
   workers: number;
   /** The Unix socket of worker `j` (relays go there). */
   socketOf: (j: number) => string;
+  /** The server's URL: the front, for its own routes. */
+  frontUrl: string;
 }
 
 /**
@@ -33,12 +38,20 @@ export function serveKeptConnections(server: Server, handedOff: WeakSet<Socket>,
     if (!pool) pools.set(j, (pool = new Pool('http://worker', { socketPath: o.socketOf(j), headersTimeout: 0, bodyTimeout: 0 })));
     return pool;
   };
+  let front: Pool | undefined;
   server.on('close', () => {
     for (const p of pools.values()) void p.close();
+    void front?.close();
   });
   server.on('request', (req: IncomingMessage, res: ServerResponse) => {
     if (handedOff.has(req.socket as Socket)) {
       const url = req.url ?? '/';
+      if (isFrontRoute(url)) {
+        res.shouldKeepAlive = false;
+        front ??= new Pool(o.frontUrl, { headersTimeout: 0, bodyTimeout: 0 });
+        relay(req, res, front);
+        return;
+      }
       const rollout = rolloutOfUrl(url);
       const owner = rollout === undefined ? o.index : ownerOf(rollout, o.workers);
       if (owner !== o.index) {

@@ -127,10 +127,22 @@ describe('servers with workers: 2', () => {
       expect(second.headers.connection).toBe('close'); // relayed: the caller's next request goes through the front
       const parts = await workerStatuses('counter');
       expect(parts.map((p) => p.report.counts.sessions)).toEqual([1, 1]);
+      // A control call on a connection kept by a worker reaches the server's one participant (the
+      // front), not that worker's own control plane; the connection closes after it.
+      const third = await client.request({ method: 'POST', path: `/ng-rollout/${a}/seed_session`, headers, body: '{}' });
+      cookies.push(String(third.headers['set-cookie']).split(';')[0]!);
+      await third.body.text();
+      expect(third.headers.connection).toBe('keep-alive');
+      const st = await client.request({ method: 'GET', path: `${CONTROL_PREFIX}/status`, headers: { authorization: `Bearer ${TOKEN}` } });
+      const body = (await st.body.json()) as Status & { workers?: number };
+      expect(st.statusCode).toBe(200);
+      expect(body.workers).toBe(2);
+      expect(body.report.counts.sessions).toBe(3);
+      expect(st.headers.connection).toBe('close');
     } finally {
       await client.close();
       // The sessions go with their cookies (the next test starts clean).
-      for (const [i, id] of [a, b].entries()) {
+      for (const [i, id] of [a, b, a].entries()) {
         const closed = await request(`${g().endpoints.counter!.url}/ng-rollout/${id}/close_session`, {
           method: 'POST',
           headers: { ...headers, cookie: cookies[i] ?? '' },
