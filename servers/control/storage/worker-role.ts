@@ -1,7 +1,7 @@
 // Whether this process is one worker of a multi-worker server (docs/multi-worker.md), and which.
-// Its records are then a part: written for the front to join into the participant's one records
-// file, which the front makes durable (so the part itself is not fsynced), and read back from that
-// file's part of this worker only (the manifest's `worker_parts`, reader.ts).
+// Its records are then a part: held in memory by the commit (held-part.ts) until the front has it
+// written at its offset of the participant's one records file, which the front makes durable, and
+// read back from that file's part of this worker only (the manifest's `worker_parts`, reader.ts).
 let role: WorkerRole | undefined;
 
 export interface WorkerRole {
