@@ -10,7 +10,8 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { refuse } from '../../../protocol/errors.js';
-import type { RecordsTarget } from './records-sink.js';
+import { isTempPath } from './paths.js';
+import { fileWrite, type RecordsTarget } from './records-sink.js';
 
 export interface HeldPart {
   checkpointId: string;
@@ -47,25 +48,18 @@ export function dropHeldPart(checkpointId: string): void {
   if (held?.checkpointId === checkpointId) held = undefined;
 }
 
-/** Temp files of a join are hidden names in a participant directory (paths.ts `tempPath`). */
-const JOIN_FILE = /^\.records\.jsonl\.[0-9a-f]{16}$/;
-
 /** Writes the held part of `checkpointId` into `file` (created by the front) at `offset`. */
 export async function placeHeldPart(checkpointId: string, file: string, offset: number): Promise<{ bytes: number }> {
   const part = held;
   if (part?.checkpointId !== checkpointId) {
     throw refuse('invalid_checkpoint_state', `no records part of checkpoint '${checkpointId}' is held here (resumed, or another commit since)`);
   }
-  if (!path.isAbsolute(file) || !JOIN_FILE.test(path.basename(file))) throw refuse('invalid_request', `not a join's temporary records file: ${file}`);
+  if (!path.isAbsolute(file) || !isTempPath(file, 'records.jsonl')) throw refuse('invalid_request', `not a join's temporary records file: ${file}`);
   const fh = await fsp.open(file, 'r+');
   try {
     let at = offset;
     for (const chunk of part.chunks) {
-      for (let done = 0; done < chunk.length; ) {
-        const { bytesWritten } = await fh.write(chunk, done, chunk.length - done, at + done);
-        if (bytesWritten <= 0) throw new Error('write made no progress');
-        done += bytesWritten;
-      }
+      await fileWrite(fh, chunk, at);
       at += chunk.length;
     }
   } finally {

@@ -18,6 +18,13 @@ export function tempPath(dir: string, name: string): string {
   return path.join(dir, `.${name}.${randomBytes(8).toString('hex')}`);
 }
 
+/** Whether `file` is a name `tempPath` gives for `name`. */
+export function isTempPath(file: string, name: string): boolean {
+  const base = path.basename(file);
+  const prefix = `.${name}.`;
+  return base.startsWith(prefix) && /^[0-9a-f]{16}$/.test(base.slice(prefix.length));
+}
+
 /** Any failure of a storage call as `invalid_checkpoint_state` (§9.7), never an untyped error. */
 export function storageError(err: unknown, context: string): ProtocolError {
   if (err instanceof ProtocolError) return err;

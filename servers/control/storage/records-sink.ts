@@ -105,7 +105,8 @@ export class RecordsSink {
   }
 }
 
-async function fileWrite(fh: RecordsTarget, data: Buffer, position: number): Promise<void> {
+/** Writes all of `data` at `position` (a write may take less than it was given). */
+export async function fileWrite(fh: RecordsTarget, data: Buffer, position: number): Promise<void> {
   for (let done = 0; done < data.length; ) {
     const { bytesWritten } = await fh.write(data, done, data.length - done, position + done);
     if (bytesWritten <= 0) throw new Error('write made no progress');

@@ -97,17 +97,7 @@ async function runPartWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stop
     return await lock.run(() => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
       holdPart({ checkpointId: opts.checkpointId, chunks: target.chunks, bytes: target.bytes });
-      return {
-        ...extras,
-        schema_version: SCHEMA_VERSION,
-        kind: opts.kind,
-        instance: opts.instance,
-        checkpoint_id: opts.checkpointId,
-        records_file: recordsFileName(sha256),
-        records_sha256: sha256,
-        record_count: count,
-        part_bytes: target.bytes,
-      };
+      return manifestOf({ ...opts, extras: { ...extras, part_bytes: target.bytes }, sha256, count });
     });
   } catch (err) {
     await sink.abort();
@@ -150,7 +140,15 @@ export async function syncedManifest(o: {
   sha256: string;
   count: number;
 }): Promise<Manifest> {
-  const manifest: Manifest = {
+  const manifest = manifestOf(o);
+  const kindDir = path.dirname(o.dir);
+  await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
+  return manifest;
+}
+
+/** The manifest of a records file with this digest and count (§9.4). */
+function manifestOf(o: { kind: string; instance: string; checkpointId: string; extras: Record<string, unknown>; sha256: string; count: number }): Manifest {
+  return {
     ...o.extras,
     schema_version: SCHEMA_VERSION,
     kind: o.kind,
@@ -160,9 +158,6 @@ export async function syncedManifest(o: {
     records_sha256: o.sha256,
     record_count: o.count,
   };
-  const kindDir = path.dirname(o.dir);
-  await Promise.all([o.dir, kindDir, path.dirname(kindDir), o.checkpointDir].map(fsyncPath));
-  return manifest;
 }
 
 /**
