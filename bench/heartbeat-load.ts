@@ -1,6 +1,6 @@
 // heartbeat-load: what parked, heartbeating activities cost the dev server while nothing else runs.
 //
-//   npm run bench -- heartbeat-load [--parked 2000] [--heartbeat-timeout 30] [--heartbeat-timeout 120]
+//   npm run bench -- heartbeat-load [--parked 2000] [--heartbeat-timeout 30] [--heartbeat-timeout 120] [--dev-config KEY=VALUE]
 //                                   [--settle-s 70] [--window-s 30]
 //
 // For each heartbeat timeout: a fresh dev server (SQLite file, our defaults), N workflows that
@@ -20,9 +20,15 @@ import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { processGroupCpuSeconds, sleep } from './scale.js';
 
-async function measure(parked: number, heartbeatTimeoutS: number, settleS: number, windowS: number): Promise<Row> {
+async function measure(
+  parked: number,
+  heartbeatTimeoutS: number,
+  settleS: number,
+  windowS: number,
+  devConfig: Record<string, string | number | boolean>,
+): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), 'bench-heartbeat-'));
-  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite') });
+  const server = await startDevServer({ port: await freePort(), headless: true, dbFile: join(dir, 'temporal.sqlite'), extraDynamicConfig: devConfig });
   let release: () => void = () => undefined;
   const released = new Promise<void>((r) => (release = r));
   try {
@@ -51,6 +57,7 @@ async function measure(parked: number, heartbeatTimeoutS: number, settleS: numbe
       const serverCpu = (await processGroupCpuSeconds(server.pid!)) - s0;
       const w = process.cpuUsage(w0);
       release();
+      const releasedAt = Date.now();
       await Promise.all(
         ids.map((id) =>
           client.workflow
@@ -67,6 +74,8 @@ async function measure(parked: number, heartbeatTimeoutS: number, settleS: numbe
         server_cpu_s: round3(serverCpu),
         server_cores: round3(serverCpu / windowS),
         worker_cpu_s: round3((w.user + w.system) / 1e6),
+        // From the release until every workflow ended: all N activities complete at once.
+        release_to_done_s: round3((Date.now() - releasedAt) / 1000),
       };
     });
   } finally {
@@ -83,15 +92,24 @@ async function main(): Promise<void> {
       'heartbeat-timeout': { type: 'string', multiple: true },
       'settle-s': { type: 'string', default: '70' },
       'window-s': { type: 'string', default: '30' },
+      // A dev-server setting to compare (KEY=JSON, repeatable), e.g. --dev-config history.cacheMaxSize=32768.
+      'dev-config': { type: 'string', multiple: true },
     },
   });
   Runtime.install({ logger: new DefaultLogger('WARN') });
   const parked = Number(values.parked);
   const timeouts = (values['heartbeat-timeout'] ?? ['30', '120']).map(Number);
+  const devConfig = Object.fromEntries(
+    (values['dev-config'] ?? []).map((kv) => {
+      const at = kv.indexOf('=');
+      if (at < 1) throw new Error(`--dev-config takes KEY=VALUE, got '${kv}'`);
+      return [kv.slice(0, at), JSON.parse(kv.slice(at + 1)) as string | number | boolean];
+    }),
+  );
   const rows: Row[] = [];
   for (const t of timeouts) {
     console.log(`heartbeat-load: ${parked} parked activities, heartbeat timeout ${t} s …`);
-    rows.push(await measure(parked, t, Number(values['settle-s']), Number(values['window-s'])));
+    rows.push(await measure(parked, t, Number(values['settle-s']), Number(values['window-s']), devConfig));
   }
   printTable(rows);
   const first = rows[0]!;

@@ -37,6 +37,12 @@ export const DEFAULT_DYNAMIC_CONFIG = Object.freeze({
   // tasks that find it locked wait in a queue of its own instead of failing BUSY_WORKFLOW and
   // backing off. A production cluster schedules per shard across many.
   'history.taskSchedulerEnableExecutionQueueScheduler': true,
+  // The CLI's dev server shrinks the history service's cache of workflow states to 8,096 entries;
+  // Temporal's own default, what a cluster runs with, is 128,000 per history host. With more
+  // workflows than that busy at once (16,000 parked rollouts whose `/run`s all return together)
+  // every entry is pinned, the server refuses calls ("cache capacity is fully occupied with pinned
+  // elements") and activities time out; below that, misses reload workflow states from SQLite.
+  'history.hostLevelCacheMaxSize': 128000,
 });
 
 // temporal.api.enums.v1.IndexedValueType, for registering attributes the server lacks.
