@@ -196,11 +196,15 @@ const WORKER_WAIT_MS = 10_000;
  */
 async function onRunningRun<T>(client: Client, run: string, fn: (taskQueue: string) => Promise<T>): Promise<T> {
   const { taskQueue } = await requireRunning(client, run);
+  const deadlineAt = Date.now() + WORKER_WAIT_MS;
   try {
-    return await client.connection.withDeadline(Date.now() + WORKER_WAIT_MS, () => fn(taskQueue));
+    return await client.connection.withDeadline(deadlineAt, () => fn(taskQueue));
   } catch (err) {
     if (err instanceof WorkflowNotFoundError) await requireRunning(client, run);
-    const deadline = err instanceof ServiceError && (err.cause as { code?: number } | undefined)?.code === 4; // gRPC DEADLINE_EXCEEDED
+    // gRPC DEADLINE_EXCEEDED; or CANCELLED once the deadline has passed: the server gives up on
+    // the call at the same deadline and may answer first (seen on a loaded machine).
+    const code = err instanceof ServiceError ? (err.cause as { code?: number } | undefined)?.code : undefined;
+    const deadline = code === 4 || (code === 1 && Date.now() >= deadlineAt - 100);
     if (deadline || err instanceof WorkflowUpdateRPCTimeoutOrCancelledError) {
       throw new CliFailure(
         `run ${run} is running, but no worker answered within ${WORKER_WAIT_MS / 1000} s: is a worker (npm run worker) polling its task queue ${taskQueue}?`,
