@@ -13,6 +13,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import { ensureSearchAttributes } from './scripts/search-attributes.mjs';
 import { type Logger, NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
+import { CompletionWindow } from './activities/completion-window.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './scripts/cli.mjs';
 import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing, type Tracing } from './servers/common/tracing.js';
 import {
@@ -128,6 +129,9 @@ async function registerSearchAttributes(connection: NativeConnection, namespace:
   (opts.log ?? ((l: string) => workerLines(opts.logFormat ?? 'text').info(l)))(line);
 }
 
+/** How long a stopping worker waits for its queued `/run` completions. */
+const COMPLETION_DRAIN_MS = 10_000;
+
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
   // Before the first connection: the SDK's Runtime is created once per process.
   installWorkerRuntime({ metricsAddress: opts.metricsAddress, logFormat: opts.logFormat });
@@ -147,7 +151,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   const traced = opts.tracing ? tracingWorkerOptions(opts.tracing) : {};
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
-  const activities = createActivities({ controlToken: opts.controlToken, pools });
+  // The `/run` completions go out through one bounded window (activities/completion-window.ts).
+  const lines = workerLines(opts.logFormat ?? 'text');
+  const completions = new CompletionWindow({ log: (message, fields) => lines.warn(`worker: ${message}`, fields) });
+  const activities = createActivities({ controlToken: opts.controlToken, pools, completions });
   const namespace = opts.namespace ?? 'default';
   const { connection, workers } = await connectWorkers(opts, async (connection) => {
     // Before any workflow runs: one that sets an unregistered search attribute would fail its tasks.
@@ -192,7 +199,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   let running: Promise<void> | undefined;
   return {
     run() {
-      running ??= Promise.all([control.run(), rollouts.run()]).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {}));
+      // Completions still queued go out before the connection closes (what does not, the server retries).
+      running ??= Promise.all([control.run(), rollouts.run()]).then(() =>
+        completions.drain(COMPLETION_DRAIN_MS).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {})),
+      );
       return running;
     },
     async shutdown() {

@@ -9,7 +9,8 @@ import { captureKey } from '../protocol/ids.js';
 import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 import { INSTANCE_HEADER, RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
 import { groupIdOf, siblingTask, taskAt } from './dataset.js';
-import { clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
+import { activityContext, clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
+import type { CompletionWindow } from './completion-window.js';
 import { joinUrl } from './control-client.js';
 import { traceHeaders } from '../servers/common/tracing.js';
 
@@ -98,7 +99,11 @@ export function reportOfReply(input: RunEpisodeInput, status: number, body: unkn
   throw ApplicationFailure.nonRetryable(clip(message, 2_000), code ?? `http_${status}`, details);
 }
 
-export function createRolloutActivities(runPool: Dispatcher) {
+/**
+ * `completions`: the worker's window through which every `/run` report is completed (paced, see
+ * completion-window.ts); without it the SDK completes each activity as it returns.
+ */
+export function createRolloutActivities(runPool: Dispatcher, completions?: CompletionWindow) {
   return {
     async runEpisode(input: RunEpisodeInput): Promise<RolloutReport> {
       const start = Date.now();
@@ -142,7 +147,11 @@ export function createRolloutActivities(runPool: Dispatcher) {
         }
       });
       // A reply that arrived is reported even if cancellation raced it: the attempt is over either way.
-      return reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
+      const report = reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
+      const ctx = completions ? activityContext() : undefined;
+      const handedOver = ctx && !ctx.info.isLocal ? completions!.handOver(ctx, report) : undefined;
+      if (handedOver) throw handedOver;
+      return report;
     },
   };
 }

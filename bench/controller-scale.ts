@@ -275,9 +275,23 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     );
   }
   await post(`${backend}/_ctl/release`, {});
+  const releasedAt = Date.now();
   const byAdmission = [...taken].sort((a, b) => Number(a.admission_closed_s) - Number(b.admission_closed_s));
   const median = byAdmission[Math.floor((byAdmission.length - 1) / 2)]!;
-  const summary = await handle.result();
+  // The finish, as it goes (a query the busy run may not answer at once: then the next one).
+  const progress = process.env.BENCH_VERBOSE
+    ? setInterval(() => {
+        void handle
+          .query(runStatus)
+          .then((s) =>
+            console.log(
+              `  finish ${((Date.now() - releasedAt) / 1000).toFixed(0)} s: ${s.completedRollouts} completed, ${s.failedRollouts} failed, ${s.inFlight} in flight`,
+            ),
+          )
+          .catch(() => undefined);
+      }, 30_000)
+    : undefined;
+  const summary = await handle.result().finally(() => clearInterval(progress));
   const finishedAt = Date.now();
   const info = await handle.describe();
   // The run, its shards and its checkpoint attempts against Temporal's default limits.

@@ -1,7 +1,7 @@
 // One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
 // of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
 //   candidates (shards) → prepare → commit ‖ ledger cut (shards) → manifest → validate → publish → resume
-// The run has closed admission in every shard before it starts this. A failure before publish
+// The candidates request closes admission in every shard (it carries the holds). A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
 import { getExternalWorkflowHandle, setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
@@ -34,7 +34,7 @@ export interface CheckpointAttemptInput {
   topology: GymTopology;
   /** The run's rollout shards (each writes its candidates and its ledger part). */
   shards: number;
-  /** The holds the run set in the shards for this checkpoint: released by the attempt as soon as Gym resumes. */
+  /** The holds of this checkpoint: set in each shard by its candidates request, released by the attempt as soon as Gym resumes. */
   holds: Holds;
   /** The run's side of the cut, frozen while admission is closed. */
   cut: { dataloaderCursor: number; baseTrainStep: number; trainerVersion: number };
@@ -113,9 +113,8 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let commit: GymCommitOutcome | undefined;
   let restarts: CaptureKey[] = [];
   try {
-    // Allocation, the restart check and the shards' candidates side by side: admission is already
-    // closed. A participant that restarted fresh holds none of the episodes in flight: a snapshot
-    // now would publish a cut that continues nothing. Recover first.
+    // Allocation and the restart check side by side. A participant that restarted fresh holds none
+    // of the episodes in flight: a snapshot now would publish a cut that continues nothing. Recover first.
     stage('allocate');
     const [allocated, now] = await Promise.all([
       files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
@@ -131,9 +130,11 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       .map(([name]) => name);
     if (restarted.length > 0) throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
     const tmpDir = location.tmpDir;
-    // The shards dispatch nothing more (the run waited until each had the hold): they write their
-    // candidates while Gym prepares.
-    const candidates = timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir }), shardTimeoutMs));
+    // Admission closes in each shard with this request (it carries the checkpoint's holds), and
+    // every shard has answered before Gym prepares: no `/run` dispatched before the hold can find
+    // Gym prepared and be left out of the candidates.
+    const candidates = await timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir, holds: input.holds }), shardTimeoutMs));
+    requireAnswers('candidates', candidates);
 
     stage('prepare');
     // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
@@ -147,7 +148,6 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     );
     if (!prep.prepared) throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     restarts = prep.restarts;
-    requireAnswers('candidates', await candidates);
 
     // Gym is frozen: the shards write their ledger parts while Gym commits.
     stage('commit');

@@ -70,8 +70,12 @@ export type ShardRequest = { id: string; replyTo: string } & ShardRequestBody;
 
 /** What a shard is asked to do. */
 export type ShardRequestBody =
-  /** Stop dispatching was asked by `setHolds`; write the episodes in flight (the scope's candidates). */
-  | { kind: 'candidates'; tmpDir: string }
+  /**
+   * Take `holds` (the checkpoint's: dispatch nothing more) the moment the request arrives, then
+   * write the episodes in flight (the scope's candidates). One signal closes the shard's admission
+   * and asks for its part, instead of the run's `setHolds` first and the request after.
+   */
+  | { kind: 'candidates'; tmpDir: string; holds: Holds }
   /** Write the ledger part into the temp snapshot (after Gym is prepared). */
   | { kind: 'cut'; tmpDir: string }
   /** Gym did not commit these of the shard's candidates: wait briefly for their reports, then cut again. */

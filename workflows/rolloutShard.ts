@@ -61,6 +61,8 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     ctx.wake();
   });
   setHandler(shardRequest, (r) => {
+    // A checkpoint's candidates request carries its holds: nothing is dispatched after it arrives.
+    if (r.kind === 'candidates') applyHolds(st, r.holds);
     st.requests.push(r);
     ctx.wake();
   });

@@ -13,7 +13,7 @@ import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { parseCaptureKey } from '../../protocol/ids.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
-import { checkpointNow, runStatus, type RunStatus } from '../../workflows/messages.js';
+import { HOLDERS, checkpointNow, runStatus, type RunStatus } from '../../workflows/messages.js';
 import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
 import { shardWorkflowId } from '../../workflows/rolloutShard.js';
 import { trainingRun, type RunSummary } from '../../workflows/trainingRun.js';
@@ -83,10 +83,10 @@ async function historyEvents(workflowId: string) {
 }
 
 /**
- * The attempt asks its shards for their candidates in the workflow task that schedules prepare,
- * and for their ledger parts in the one that schedules the commit (the shards write while Gym
- * works; no task of its own waits for a signal's delivery while admission is closed); once Gym
- * resumed it releases their hold itself.
+ * The attempt asks its shards for their candidates with the checkpoint's holds in the request
+ * (their admission closes with it), prepares Gym once every shard answered, and asks for their
+ * ledger parts in the workflow task that schedules the commit (the shards write while Gym
+ * commits); once Gym resumed it releases their hold itself.
  */
 async function expectShardRequestsBesideStages(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
@@ -94,10 +94,14 @@ async function expectShardRequestsBesideStages(checkpointWorkflow: string, shard
     .filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)
     .map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
   expect(signals.map((a) => a.signalName)).toEqual([...Array(2 * shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
-  const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): string => String(a.workflowTaskCompletedEventId);
-  const taskOfActivity = (name: string): string =>
+  const candidates = JSON.parse(Buffer.from(signals[0]!.input!.payloads![0]!.data!).toString()) as { kind: string; holds: { admission: string[] } };
+  expect(candidates).toMatchObject({ kind: 'candidates', holds: { admission: [HOLDERS.checkpoint] } });
+  const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): number => Number(a.workflowTaskCompletedEventId);
+  const taskOfActivity = (name: string): number =>
     taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
-  expect(taskOf(signals[0]!)).toBe(taskOfActivity('gymPrepare'));
+  const answered = events.filter((e) => e.workflowExecutionSignaledEventAttributes?.signalName === 'shardAnswer').map((e) => Number(e.eventId));
+  expect(taskOf(signals[0]!)).toBeLessThan(taskOfActivity('gymPrepare'));
+  expect(Math.max(...answered.slice(0, shards))).toBeLessThan(taskOfActivity('gymPrepare'));
   expect(taskOf(signals[shards]!)).toBe(taskOfActivity('gymCommit'));
 }
 
@@ -118,7 +122,7 @@ function stageAt(events: HistoryEvent[], name: string): number {
 
 /**
  * Allocation, the restart check and publication ran in the attempt's worker: no activity task of
- * theirs, and prepare went out in the attempt's first workflow task.
+ * theirs, and the candidates requests went out in the attempt's first workflow task.
  */
 async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
@@ -127,10 +131,10 @@ async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> 
   expect(scheduled).not.toContain('allocateSnapshot');
   expect(scheduled).not.toContain('finalizeSnapshot');
   expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
-  // Allocation and the restart check added no workflow task of their own: prepare went out in the
-  // attempt's first workflow task.
-  const prepare = events.findIndex((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare');
-  expect(events.slice(0, prepare).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
+  // Allocation and the restart check added no workflow task of their own: the candidates requests
+  // went out in the attempt's first workflow task.
+  const asked = events.findIndex((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes?.signalName === 'shardRequest');
+  expect(events.slice(0, asked).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
 }
 
 /** The attempt applied no retention; the run applied it after the attempt's result. */
@@ -190,8 +194,9 @@ describe('checkpoint attempts in a training run', () => {
       expect(gym.count('ledger-cut')).toBe(1);
       expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
       expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toEqual(['shardAnswer', 'shardAnswer']);
-      // The run closed admission in its shard before the attempt; the attempt reopened it.
-      expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(1);
+      // The attempt closed admission in its shard (with its candidates request) and reopened it:
+      // the run sent no holds of its own.
+      expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(0);
       // Retention runs in the run once it has the outcome, with admission open again.
       await expectRetentionByRun(cfg.run.name, checkpointWorkflowId(cfg.run.name, id));
       await until(() => gym.count('retention') === 1, 'retention');

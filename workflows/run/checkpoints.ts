@@ -11,7 +11,7 @@ import { HOLDERS, releasedHolds } from '../messages.js';
 import { checkpointRecorded } from '../metrics.js';
 import { CHECKPOINT_OUTCOME, CHECKPOINT_TRIGGER, RUN_NAME, TRAINER_STEP } from '../search-attributes.js';
 import type { RunContext } from './context.js';
-import { ensureShards, syncHolds } from './shards.js';
+import { ensureShards, holdsForCheckpoint, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
 
 /** A pending release or abort is retried this often: admission stays closed until it goes through. */
@@ -168,11 +168,11 @@ async function runCheckpoint(ctx: RunContext, trigger: CheckpointTrigger): Promi
   st.checkpointSeq += 1;
   const checkpointId = `rollout-step-${st.steps}-snapshot-${st.checkpointSeq}-${uuid4().replace(/-/g, '')}`;
   const closedAt = Date.now();
-  // Admission closed everywhere at once: every shard has the hold in its history before the
-  // attempt asks them for their episodes in flight (the scope's candidates).
+  // Admission closed everywhere at once: the run's gate now, each shard's with the attempt's
+  // candidates request, which carries these holds (one signal per shard, not two).
   st.gates.gymCheckpoint = true;
   await ensureShards(ctx);
-  await syncHolds(ctx);
+  holdsForCheckpoint(ctx);
   setCurrentDetails(`**run** \`${cfg.run.name}\`: checkpoint \`${checkpointId}\` (${trigger}) in progress`);
   const o = await executeChild(checkpointAttempt, {
     workflowId: checkpointWorkflowId(cfg.run.name, checkpointId),

@@ -130,6 +130,12 @@ export async function syncHolds(ctx: RunContext): Promise<void> {
   await Promise.all(allShards(st.shards).map((k) => toShard(ctx, k, (id) => getExternalWorkflowHandle(id).signal(setHolds, holds))));
 }
 
+/** The holds with the checkpoint's, for an attempt to deliver with its candidates request (no signal here). */
+export function holdsForCheckpoint(ctx: RunContext): void {
+  const { st } = ctx;
+  st.holds = { seq: st.holds.seq + 1, ...desiredHolds(ctx) };
+}
+
 /**
  * At the run's normal end: every shard waits out its attempts and forgets its finished rollouts
  * in Gym before the run returns, so a finished run leaves no retire marks behind. A shard that
