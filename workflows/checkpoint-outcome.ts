@@ -24,10 +24,10 @@ export function outcomeOfFailure(err: unknown): CheckpointOutcome | undefined {
 }
 
 const STAGES: Array<[keyof CheckpointStageSeconds, string]> = [
-  ['candidates', 'shards list their episodes in flight'],
+  ['candidates', 'shards write their episodes in flight and ledger parts'],
   ['prepare', 'Gym prepares'],
   ['commit', 'Gym commits'],
-  ['ledger_cut', 'shards write their ledger parts'],
+  ['ledger_cut', 'shards write their ledger parts again (recut)'],
   ['publish', 'manifest and publish'],
   ['resume', 'Gym resumes'],
   ['total', 'start to end'],

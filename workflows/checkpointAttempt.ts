@@ -1,6 +1,6 @@
 // One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
 // of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
-//   candidates (shards) → prepare → commit ‖ ledger cut (shards) → manifest → validate → publish → resume
+//   candidates + ledger parts (shards) → prepare → commit → [recut] → manifest → validate → publish → resume
 // The candidates request closes admission in every shard (it carries the holds). A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
@@ -132,9 +132,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     const tmpDir = location.tmpDir;
     // Admission closes in each shard with this request (it carries the checkpoint's holds), and
     // every shard has answered before Gym prepares: no `/run` dispatched before the hold can find
-    // Gym prepared and be left out of the candidates.
+    // Gym prepared and be left out of the candidates. Each shard writes its ledger part with them.
     const candidates = await timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir, holds: input.holds }), shardTimeoutMs));
-    requireAnswers('candidates', candidates);
+    const parts = new Map(requireAnswers('candidates', candidates).map((a) => [a.shard, a.part!]));
 
     stage('prepare');
     // From the first prepare call on, Gym may hold admission closed under this ID: the fan-out goes
@@ -149,9 +149,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     if (!prep.prepared) throw new AttemptFailed('timeout', `Gym not ready by the prepare deadline; blockers: ${JSON.stringify(prep.blockers).slice(0, 500)}`);
     restarts = prep.restarts;
 
-    // Gym is frozen: the shards write their ledger parts while Gym commits.
     stage('commit');
-    const cut = timed('ledger_cut', () => shards.ask(everyShard, () => ({ kind: 'cut', tmpDir }), shardTimeoutMs));
     commit = await timed('commit', () =>
       gymCall(() =>
         control.gymCommit.executeWithOptions({ summary: `commit ${id}` }, [
@@ -159,10 +157,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
         ]),
       ),
     );
-    const parts = new Map(requireAnswers('ledger cut', await cut).map((a) => [a.shard, a.part!]));
 
-    // Episodes in flight at the start that no environment committed: their `/run` replies are on
-    // the wire. Their shards cut again once they have them (or after a short wait).
+    // Episodes in flight when the shards wrote their parts that no environment committed: they
+    // ended before Gym's cut, their `/run` replies are on the wire. Their shards cut again once
+    // they have them (or after a short wait).
     const unsettled = unsettledByShard(commit.uncommitted, input.shards);
     if (unsettled.size > 0) {
       stage('ledger cut');

@@ -72,12 +72,10 @@ export type ShardRequest = { id: string; replyTo: string } & ShardRequestBody;
 export type ShardRequestBody =
   /**
    * Take `holds` (the checkpoint's: dispatch nothing more) the moment the request arrives, then
-   * write the episodes in flight (the scope's candidates). One signal closes the shard's admission
-   * and asks for its part, instead of the run's `setHolds` first and the request after.
+   * write the episodes in flight (the scope's candidates) and the ledger part into the temp
+   * snapshot. One signal closes the shard's admission and has it write its whole part of the cut.
    */
   | { kind: 'candidates'; tmpDir: string; holds: Holds }
-  /** Write the ledger part into the temp snapshot (after Gym is prepared). */
-  | { kind: 'cut'; tmpDir: string }
   /** Gym did not commit these of the shard's candidates: wait briefly for their reports, then cut again. */
   | { kind: 'recut'; tmpDir: string; unsettled: CaptureKey[]; waitMs: number }
   /** Answer once no attempt of the shard is in flight (a recovery lets them report first). */
@@ -100,10 +98,8 @@ export interface ShardAnswer {
   error?: string;
   /** `candidates`: episodes written; `planRestore`: scope entries written. */
   count?: number;
-  /** `cut`, `recut`, `ledgerPart`: the part written. */
+  /** `candidates`, `recut`, `ledgerPart`: the ledger part written. */
   part?: FileDigest;
-  /** `cut`: attempts still in flight when the part was written. */
-  inFlight?: CaptureKey[];
   /** `consume`: the batch part, and the live rewards of the groups handed over. */
   batchFile?: string | null;
   rewardSum?: number;

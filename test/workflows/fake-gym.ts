@@ -43,8 +43,6 @@ export interface FakeGymScript {
    * once the commit is done, after the run's early ledger cut.
    */
   finishedBeforeCommit?: number;
-  /** The ledger cut waits this long before it writes (like the real one, it refuses a discarded directory). */
-  ledgerCutDelayMs?: number;
   /** Forget answers after this long (what it forgot is counted only then). */
   forgetDelayMs?: number;
   /** `/run` never heartbeats: a cancellation cannot reach it (only a retire ends it). */
@@ -393,7 +391,6 @@ export class FakeGym {
         return { count: input.episodes.length };
       },
       writeLedgerPart: async (input) => {
-        if (s.ledgerCutDelayMs) await new Promise((r) => setTimeout(r, s.ledgerCutDelayMs));
         if (!input.create && this.discarded.has(input.dir)) {
           this.calls.push('ledger-cut-refused');
           throw ApplicationFailure.nonRetryable(`writeLedgerPart: ${input.dir} does not exist`, 'invariant_error');

@@ -84,16 +84,16 @@ async function historyEvents(workflowId: string) {
 
 /**
  * The attempt asks its shards for their candidates with the checkpoint's holds in the request
- * (their admission closes with it), prepares Gym once every shard answered, and asks for their
- * ledger parts in the workflow task that schedules the commit (the shards write while Gym
- * commits); once Gym resumed it releases their hold itself.
+ * (their admission closes with it, and each writes its ledger part with its candidates), prepares
+ * Gym once every shard answered, sends no request beside the commit, and once Gym resumed releases
+ * their hold itself.
  */
-async function expectShardRequestsBesideStages(checkpointWorkflow: string, shards = 1): Promise<void> {
+async function expectShardRequestsBeforePrepare(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
   const signals = events
     .filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)
     .map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
-  expect(signals.map((a) => a.signalName)).toEqual([...Array(2 * shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
+  expect(signals.map((a) => a.signalName)).toEqual([...Array(shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
   const candidates = JSON.parse(Buffer.from(signals[0]!.input!.payloads![0]!.data!).toString()) as { kind: string; holds: { admission: string[] } };
   expect(candidates).toMatchObject({ kind: 'candidates', holds: { admission: [HOLDERS.checkpoint] } });
   const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): number => Number(a.workflowTaskCompletedEventId);
@@ -102,7 +102,6 @@ async function expectShardRequestsBesideStages(checkpointWorkflow: string, shard
   const answered = events.filter((e) => e.workflowExecutionSignaledEventAttributes?.signalName === 'shardAnswer').map((e) => Number(e.eventId));
   expect(taskOf(signals[0]!)).toBeLessThan(taskOfActivity('gymPrepare'));
   expect(Math.max(...answered.slice(0, shards))).toBeLessThan(taskOfActivity('gymPrepare'));
-  expect(taskOf(signals[shards]!)).toBe(taskOfActivity('gymCommit'));
 }
 
 type HistoryEvent = Awaited<ReturnType<typeof historyEvents>>[number];
@@ -162,19 +161,17 @@ async function signalsBeforePublish(checkpointWorkflow: string): Promise<string[
     .flatMap((e) => (e.workflowExecutionSignaledEventAttributes ? [e.workflowExecutionSignaledEventAttributes.signalName ?? ''] : []));
 }
 
-function expectCutBesideCommit(calls: string[], id: string): string[] {
+/** The shard wrote its ledger part once, with its candidates, before Gym prepared; the calls without it. */
+function expectCutBeforePrepare(calls: string[], id: string): string[] {
   expect(calls.filter((c) => c === 'ledger-cut')).toHaveLength(1);
-  const at = calls.indexOf('ledger-cut');
-  expect(at).toBeGreaterThan(calls.indexOf(`prepare:${id}`));
-  const next = calls.findIndex((c) => c === 'manifest' || c === 'discard');
-  expect(at).toBeLessThan(next);
+  expect(calls.indexOf('ledger-cut')).toBeLessThan(calls.indexOf(`prepare:${id}`));
   return calls.filter((c) => c !== 'ledger-cut');
 }
 
 const rolloutIds = (cfg: RunConfig, gym: FakeGym): string[] => [...new Set(gym.runKeys())].map((k) => rolloutWorkflowId(cfg.run.name, parseCaptureKey(k)!));
 
 describe('checkpoint attempts in a training run', () => {
-  it('1. clean attempt: every rollout runs once; prepare → commit → cut → manifest → validate → publish → resume, then retention by the run', async () => {
+  it('1. clean attempt: every rollout runs once; cut → prepare → commit → manifest → validate → publish → resume, then retention by the run', async () => {
     const gym = new FakeGym();
     gym.script.holdRuns = true;
     const cfg = runConfig('golden-clean-attempt');
@@ -186,21 +183,21 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome).toMatchObject({ scopeCount: gym.running.size, restartCount: 0 });
       const id = outcome.checkpointId;
       expect(id).toMatch(/^rollout-step-0-snapshot-1-[0-9a-f]{32}$/);
-      const calls = expectCutBesideCommit(gym.controlCalls(), id);
+      const calls = expectCutBeforePrepare(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
-      await expectShardRequestsBesideStages(checkpointWorkflowId(cfg.run.name, id));
+      await expectShardRequestsBeforePrepare(checkpointWorkflowId(cfg.run.name, id));
       await expectLocalFileStages(checkpointWorkflowId(cfg.run.name, id));
-      // Gym committed every episode in flight: the shard's cut beside the commit is the published one.
+      // Gym committed every episode in flight: the part the shard wrote with its candidates is the published one.
       expect(gym.count('ledger-cut')).toBe(1);
       expect(gym.published).toEqual([{ checkpoint_id: id, ledger_sha256: gym.ledgerCutDigests[0] }]);
-      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toEqual(['shardAnswer', 'shardAnswer']);
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, id))).toEqual(['shardAnswer']);
       // The attempt closed admission in its shard (with its candidates request) and reopened it:
       // the run sent no holds of its own.
       expect((await signalsSent(cfg.run.name)).filter((n) => n === 'setHolds')).toHaveLength(0);
       // Retention runs in the run once it has the outcome, with admission open again.
       await expectRetentionByRun(cfg.run.name, checkpointWorkflowId(cfg.run.name, id));
       await until(() => gym.count('retention') === 1, 'retention');
-      expect(expectCutBesideCommit(gym.controlCalls(), id).slice(6)).toEqual([`resume:${id}`, 'retention']);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id).slice(6)).toEqual([`resume:${id}`, 'retention']);
       const s = await status(handle);
       expect(s.gates.gymCheckpoint).toBe(false);
       expect(s.lastSnapshot).toBe(outcome.snapshotDir);
@@ -236,7 +233,7 @@ describe('checkpoint attempts in a training run', () => {
       const outcome = await handle.executeUpdate(checkpointNow);
       expect(outcome).toMatchObject({ outcome: 'completed', scopeCount: 2 });
       expect(gym.count('ledger-cut')).toBe(2);
-      // The first cut (beside the commit) still had it in flight; the published one has its result.
+      // The first cut (with the candidates) still had it in flight; the published one has its result.
       const sealed = (ledger: unknown): string[] =>
         Object.values((ledger as { groups: Record<string, { siblings: { rollout_id: string; attempts: { status: string }[] }[] }> }).groups).flatMap((g) =>
           g.siblings.filter((sib) => sib.attempts.at(-1)!.status === 'sealed').map((sib) => sib.rollout_id),
@@ -245,7 +242,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(sealed(gym.ledgerCuts[1])).toEqual([finished]);
       // Something was unsettled after the commit: the shard cut again once it had the result, and that part was published.
       expect(gym.published).toEqual([{ checkpoint_id: outcome.checkpointId, ledger_sha256: gym.ledgerCutDigests[1] }]);
-      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toEqual(['shardAnswer', 'shardAnswer', 'shardAnswer']);
+      expect(await signalsBeforePublish(checkpointWorkflowId(cfg.run.name, outcome.checkpointId))).toEqual(['shardAnswer', 'shardAnswer']);
       await finishRun(gym, handle);
       await recordHistories(env, 'late-result', [
         cfg.run.name,
@@ -267,7 +264,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: false });
       const id = outcome.checkpointId;
       // Nothing committed or published; Gym resumed (aborted) under the same ID.
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
       const s = await status(handle);
       expect(s.gates.gymCheckpoint).toBe(false);
       expect(s.pendingAbort).toBeNull();
@@ -292,7 +289,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: false });
       expect(outcome.error).toContain('past the deadline');
       const id = outcome.checkpointId;
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, 'discard', `resume:${id}`]);
       expect((await status(handle)).gates.gymCheckpoint).toBe(false);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
@@ -327,7 +324,7 @@ describe('checkpoint attempts in a training run', () => {
       const outcome = await handle.executeUpdate(checkpointNow);
       expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error', abortPending: false });
       const id = outcome.checkpointId;
-      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual([
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual([
         'allocate:1',
         `prepare:${id}`,
         ...Array<string>(4).fill(`commit:${id}`),
@@ -352,24 +349,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(outcome.error).toContain('refused');
       const id = outcome.checkpointId;
       // Not retried by the activity (non-retryable), aborted with the same ID.
-      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
-      const summary = await finishRun(gym, handle);
-      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
-      expect(summary.checkpoints.map((c) => c.reason)).toEqual(['io_error']);
-    });
-  });
-
-  it('3d. a commit that fails before the early ledger cut is written: the cut finds the snapshot discarded, the run goes on', async () => {
-    const gym = new FakeGym();
-    gym.script = { holdRuns: true, commitFailures: 1, commitFailure: 'refusal', ledgerCutDelayMs: 500 };
-    const cfg = runConfig('commit-refused-before-cut');
-    await withWorker(env, bundle, gym, cfg, async () => {
-      const handle = await startRun(cfg);
-      await until(() => gym.running.size === 2, 'the first group in flight');
-      const outcome = await handle.executeUpdate(checkpointNow);
-      expect(outcome).toMatchObject({ outcome: 'failed', reason: 'io_error' });
-      await until(() => gym.count('ledger-cut-refused') === 1, 'the early cut refused');
-      expect(gym.calls.filter((c) => c === 'ledger-cut')).toHaveLength(0);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
       expect(summary.checkpoints.map((c) => c.reason)).toEqual(['io_error']);
@@ -389,7 +369,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(failure.type).toBe('invariant_error');
       const prepare = gym.calls.find((c) => c.startsWith('prepare:'))!;
       const id = prepare.slice('prepare:'.length);
-      expect(expectCutBesideCommit(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'discard', `resume:${id}`]);
       expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['failed/invariant_error']);
     });
   });
@@ -405,7 +385,7 @@ describe('checkpoint attempts in a training run', () => {
       const first = await handle.executeUpdate(checkpointNow);
       expect(first).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: true });
       const id = first.checkpointId;
-      expect(gym.controlCalls()).toEqual(['allocate:1', `prepare:${id}`, 'discard', ...Array<string>(4).fill(`resume:${id}`)]);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id)).toEqual(['allocate:1', `prepare:${id}`, 'discard', ...Array<string>(4).fill(`resume:${id}`)]);
       let s = await status(handle);
       expect(s).toMatchObject({ phase: 'abort_pending', pendingAbort: id, pendingRelease: null, gates: { gymCheckpoint: true } });
       // The group finishes and is consumed, but nothing new is dispatched while the abort is pending.
@@ -422,7 +402,7 @@ describe('checkpoint attempts in a training run', () => {
       expect(second).toMatchObject({ outcome: 'completed', reason: 'completed' });
       expect(second.checkpointId).not.toBe(id);
       const next = gym.calls.slice(callsBefore).filter((c) => !c.startsWith('run:') && !c.startsWith('forget:') && c !== 'discover');
-      expect(next.slice(0, 3)).toEqual([`resume:${id}`, 'allocate:2', `prepare:${second.checkpointId}`]);
+      expect(next.slice(0, 4)).toEqual([`resume:${id}`, 'allocate:2', 'ledger-cut', `prepare:${second.checkpointId}`]);
       s = await status(handle);
       expect(s).toMatchObject({ pendingAbort: null, gates: { gymCheckpoint: false }, consecutiveFailures: 0 });
       await until(() => gym.runKeys().length === 4, 'dispatch reopened');
@@ -448,10 +428,10 @@ describe('checkpoint attempts in a training run', () => {
       expect(first).toMatchObject({ outcome: 'failed', reason: 'release_pending', releasePending: true, sequence: 1 });
       expect(first.snapshotDir).toMatch(/snapshot_000001$/);
       const id = first.checkpointId;
-      const calls = expectCutBesideCommit(gym.controlCalls(), id);
+      const calls = expectCutBeforePrepare(gym.controlCalls(), id);
       expect(calls.slice(0, 6)).toEqual(['allocate:1', `prepare:${id}`, `commit:${id}`, 'manifest', 'validate', 'publish:1']);
       await until(() => gym.count('retention') === 1, 'retention');
-      expect(expectCutBesideCommit(gym.controlCalls(), id).slice(6)).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
+      expect(expectCutBeforePrepare(gym.controlCalls(), id).slice(6)).toEqual([...Array<string>(4).fill(`resume:${id}`), 'retention']);
       let s = await status(handle);
       // Published and durable, Gym still paused: distinct from a pre-publication failure.
       expect(s).toMatchObject({

@@ -38,9 +38,7 @@ async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardA
   const { st, input } = ctx;
   switch (req.kind) {
     case 'candidates':
-      return ctx.files.writeCandidates({ tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx) });
-    case 'cut':
-      return { part: await writeCut(ctx, req.tmpDir) };
+      return writeCut(ctx, req.tmpDir);
     case 'recut':
       return { part: await recut(ctx, req.tmpDir, req.unsettled, req.waitMs) };
     case 'drain':
@@ -74,9 +72,22 @@ function candidates(ctx: ShardContext): EpisodeId[] {
   ];
 }
 
-/** The ledger slice as it stands, into the temp snapshot (a local activity: it stays out of the history). */
-async function writeCut(ctx: ShardContext, tmpDir: string): Promise<FileDigest> {
+/**
+ * The shard's side of a checkpoint's cut, written the moment admission closes (before Gym
+ * prepares): the scope's candidates and the ledger slice as it stands, side by side (local
+ * activities: they stay out of the history). Until Gym's cut the slice can change only by attempts
+ * that end, and Gym commits none of those: the commit names them and the shard writes its part
+ * again (recut). So no second round of requests runs beside the commit.
+ */
+async function writeCut(ctx: ShardContext, tmpDir: string): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
   takeReports(ctx);
+  const episodes = candidates(ctx);
+  const [{ count }, part] = await Promise.all([ctx.files.writeCandidates({ tmpDir, shard: ctx.input.shard, episodes }), writeLedgerCut(ctx, tmpDir)]);
+  return { count, part };
+}
+
+/** The ledger slice as it stands, into the temp snapshot; remembers what was in flight then (recut). */
+async function writeLedgerCut(ctx: ShardContext, tmpDir: string): Promise<FileDigest> {
   ctx.lastCutInFlight = new Set(Object.keys(ctx.st.inFlight));
   const part = await ctx.files.writeLedgerPart({ dir: tmpDir, shard: ctx.input.shard, ledger: packJson(ctx.st.ledger) });
   ctx.lastCutPart = part;
@@ -98,7 +109,7 @@ async function recut(ctx: ShardContext, tmpDir: string, unsettled: CaptureKey[],
     if (settled() || timedOut) break;
     await condition(() => ctx.st.reports.length > 0 || timedOut);
   }
-  return writeCut(ctx, tmpDir);
+  return writeLedgerCut(ctx, tmpDir);
 }
 
 async function settle(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'settleRecovery' }>): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
