@@ -13,7 +13,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import { ensureSearchAttributes } from './scripts/search-attributes.mjs';
 import { type Logger, NativeConnection, TransportError, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { closeActivityPools, createActivities, createActivityPools } from './activities/index.js';
-import { CompletionWindow } from './activities/completion-window.js';
+import { RunKeeper } from './activities/run-keeper.js';
 import { defineCommand, exitWithUsageError, parseCommandLine } from './scripts/cli.mjs';
 import { OTLP_ENDPOINT_ENV, otlpTracesUrl, startTracing, type Tracing } from './servers/common/tracing.js';
 import {
@@ -129,8 +129,8 @@ async function registerSearchAttributes(connection: NativeConnection, namespace:
   (opts.log ?? ((l: string) => workerLines(opts.logFormat ?? 'text').info(l)))(line);
 }
 
-/** How long a stopping worker waits for its queued `/run` completions. */
-const COMPLETION_DRAIN_MS = 10_000;
+/** How long a stopping worker waits for its `/run` outcomes to reach the server. */
+const RUN_OUTCOMES_DRAIN_MS = 10_000;
 
 export async function createControllerWorkers(opts: ControllerWorkerOptions): Promise<ControllerWorkers> {
   // Before the first connection: the SDK's Runtime is created once per process.
@@ -151,10 +151,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   const traced = opts.tracing ? tracingWorkerOptions(opts.tracing) : {};
   // The worker owns the activities' HTTP pools: made here, closed once both workers have stopped.
   const pools = createActivityPools();
-  // The `/run` completions go out through one bounded window (activities/completion-window.ts).
+  // The `/run`s are kept by one keeper: their heartbeats and outcomes paced (activities/run-keeper.ts).
   const lines = workerLines(opts.logFormat ?? 'text');
-  const completions = new CompletionWindow({ log: (message, fields) => lines.warn(`worker: ${message}`, fields) });
-  const activities = createActivities({ controlToken: opts.controlToken, pools, completions });
+  const runKeeper = new RunKeeper({ log: (message, fields) => lines.warn(`worker: ${message}`, fields) });
+  const activities = createActivities({ controlToken: opts.controlToken, pools, runKeeper });
   const namespace = opts.namespace ?? 'default';
   const { connection, workers } = await connectWorkers(opts, async (connection) => {
     // Before any workflow runs: one that sets an unregistered search attribute would fail its tasks.
@@ -185,12 +185,9 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
         // replaying it when its `/run` ends is cheap, and thousands of idle attempts held in the
         // cache cost the worker's memory (docs/performance.md, controller-scale at 8,000).
         maxCachedWorkflows: 1_000,
-        // Each /run holds a slot for its whole duration; they are I/O-bound.
+        // A `/run`'s activity holds its slot only until it hands the call to the run keeper.
         maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
         maxConcurrentActivityTaskPolls: 20,
-        // Heartbeats go out every 0.8 × each `/run`'s heartbeat timeout (controller.run_heartbeat_timeout_s),
-        // not capped at the default 60 s: every one is a server write per parked rollout.
-        maxHeartbeatThrottleInterval: '1 hour',
         ...traced,
       }),
     ];
@@ -199,9 +196,10 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   let running: Promise<void> | undefined;
   return {
     run() {
-      // Completions still queued go out before the connection closes (what does not, the server retries).
+      // The `/run`s still open are failed as retryable (another worker's retry attaches to their
+      // episodes) and the outcomes go out before the connection closes (what does not, the server retries).
       running ??= Promise.all([control.run(), rollouts.run()]).then(() =>
-        completions.drain(COMPLETION_DRAIN_MS).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {})),
+        runKeeper.shutdown(RUN_OUTCOMES_DRAIN_MS).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {})),
       );
       return running;
     },

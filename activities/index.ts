@@ -2,7 +2,7 @@
 // controller. Workflows use `proxyActivities<Activities>()`; every input and output is plain JSON.
 import type { Agent } from 'undici';
 import type { ActivityLog } from './activity-context.js';
-import type { CompletionWindow } from './completion-window.js';
+import type { RunKeeper } from './run-keeper.js';
 import { createControlPool, type ControlPoolOptions } from './control-client.js';
 import { createControllerFileActivities } from './controller-files.js';
 import { createGymActivities } from './gym.js';
@@ -34,14 +34,14 @@ export interface ActivityDeps {
   /** Where logged-not-raised failures go (restore cleanup); default the activity logger. */
   log?: ActivityLog;
   trainer?: TrainerDeps;
-  /** The worker's paced completions of `/run` (completion-window.ts); none: the SDK completes each. */
-  completions?: CompletionWindow;
+  /** The worker's keeper of `/run`s (run-keeper.ts: paced heartbeats and outcomes); none: the SDK heartbeats and completes each. */
+  runKeeper?: RunKeeper;
 }
 
 export function createActivities(deps: ActivityDeps) {
   return {
     ...createGymActivities({ controlToken: deps.controlToken, controlPool: deps.pools.control, ...(deps.log ? { log: deps.log } : {}) }),
-    ...createRolloutActivities(deps.pools.run, deps.completions),
+    ...createRolloutActivities(deps.pools.run, deps.runKeeper),
     ...createSnapshotActivities(),
     ...createControllerFileActivities(),
     ...createMetricsActivities(),

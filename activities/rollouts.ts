@@ -10,7 +10,7 @@ import { CLIENT_KEEP_ALIVE } from '../protocol/keep-alive.js';
 import { INSTANCE_HEADER, RunReplySchema, type RunFailure, type RunResult, type Task, type Taskset } from '../protocol/tasks.js';
 import { groupIdOf, siblingTask, taskAt } from './dataset.js';
 import { activityContext, clip, errorMessage, heartbeating, invariantFailure } from './activity-context.js';
-import type { CompletionWindow } from './completion-window.js';
+import type { RunKeeper } from './run-keeper.js';
 import { joinUrl } from './control-client.js';
 import { traceHeaders } from '../servers/common/tracing.js';
 
@@ -100,10 +100,10 @@ export function reportOfReply(input: RunEpisodeInput, status: number, body: unkn
 }
 
 /**
- * `completions`: the worker's window through which every `/run` report is completed (paced, see
- * completion-window.ts); without it the SDK completes each activity as it returns.
+ * `keeper`: the worker's keeper of `/run`s (run-keeper.ts): it runs each call, heartbeats it and
+ * sends its outcome, paced; without it the SDK heartbeats and completes each activity.
  */
-export function createRolloutActivities(runPool: Dispatcher, completions?: CompletionWindow) {
+export function createRolloutActivities(runPool: Dispatcher, keeper?: RunKeeper) {
   return {
     async runEpisode(input: RunEpisodeInput): Promise<RolloutReport> {
       const start = Date.now();
@@ -112,7 +112,7 @@ export function createRolloutActivities(runPool: Dispatcher, completions?: Compl
       const task = input.task ?? (input.taskRef ? taskFromRef(input.taskRef) : undefined);
       const body = JSON.stringify({ episode_id: { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt }, task });
       const url = joinUrl(input.environmentUrl, '/run');
-      const reply = await heartbeating({ captureKey: key }, async (signal) => {
+      const post = async (signal: AbortSignal | undefined): Promise<{ status: number; body: unknown }> => {
         try {
           const res = await request(url, {
             method: 'POST',
@@ -136,7 +136,7 @@ export function createRolloutActivities(runPool: Dispatcher, completions?: Compl
           }
           return { status: res.statusCode, body: parsed };
         } catch (err) {
-          if (signal?.aborted) throw err; // heartbeating rethrows the cancellation
+          if (signal?.aborted) throw err; // cancelled (heartbeating rethrows the cancellation)
           // Transport error: `/run` is idempotent per attempt, so a retry attaches to the running
           // attempt or receives its kept reply.
           throw transient(`/run of ${key} on ${input.environment}: transport error: ${errorMessage(err)}`, {
@@ -145,13 +145,13 @@ export function createRolloutActivities(runPool: Dispatcher, completions?: Compl
             code: (err as { code?: unknown }).code ?? null,
           });
         }
-      });
+      };
       // A reply that arrived is reported even if cancellation raced it: the attempt is over either way.
-      const report = reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
-      const ctx = completions ? activityContext() : undefined;
-      const handedOver = ctx && !ctx.info.isLocal ? completions!.handOver(ctx, report) : undefined;
+      const report = (reply: { status: number; body: unknown }): RolloutReport => reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
+      const ctx = keeper ? activityContext() : undefined;
+      const handedOver = ctx ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal))) : undefined;
       if (handedOver) throw handedOver;
-      return report;
+      return report(await heartbeating({ captureKey: key }, post));
     },
   };
 }

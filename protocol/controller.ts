@@ -328,6 +328,13 @@ export function outcomeKey(o: Pick<CheckpointOutcome, 'checkpointId' | 'at'>): s
 }
 
 /** Application failure types the activities raise (the type is what workflows branch on). */
+/**
+ * The rollout worker beats each `/run` it keeps once this share of its heartbeat timeout has passed
+ * since the last beat (plus jitter up to 0.2 of it; activities/run-keeper.ts); the run sizes the
+ * timeout from it so a window of `/run`s stays within `controller.run_heartbeats_per_s`.
+ */
+export const RUN_BEAT_SHARE = 0.5;
+
 export const FAILURE_TYPES = {
   transient: 'gym_transient',
   notReady: 'gym_not_ready',

@@ -104,10 +104,16 @@ export const RunConfigSchema = z.strictObject({
       /** How long the ledger cut waits for `/run` replies already on the wire (ms). */
       late_result_wait_ms: z.number().int().min(0).default(3_000),
       /**
-       * Heartbeat timeout of each `/run` activity: how long a dead worker's rollouts go unnoticed
-       * before they are retried elsewhere. Each parked `/run` writes to the server every 0.8 × this.
+       * Heartbeat timeout of each `/run` activity, at least: how long a dead worker's rollouts go
+       * unnoticed before they are retried elsewhere. Each held `/run` is beaten (a write on the
+       * server) once per half to 0.7 of it; the run raises it for a large window (below).
        */
       run_heartbeat_timeout_s: z.number().min(5).max(3_600).default(120),
+      /**
+       * The heartbeats of the run's `/run`s together, at most, a second: with a window of W rollouts
+       * the heartbeat timeout is at least W / (0.5 × this) s (16,000 in flight at 50 a second: 640 s).
+       */
+      run_heartbeats_per_s: z.number().min(1).max(10_000).default(50),
       /**
        * How long a recovery waits for every Gym participant to answer again after a crash (retried
        * with backoff, the run's status says so); past it the run fails with `gym_unavailable`.
@@ -131,6 +137,7 @@ export const RunConfigSchema = z.strictObject({
       max_history_events: 8_000,
       late_result_wait_ms: 3_000,
       run_heartbeat_timeout_s: 120,
+      run_heartbeats_per_s: 50,
       gym_recovery_timeout_s: 600,
       rollouts_per_shard: 500,
       schedule_to_start_timeout_s: 120,

@@ -2,7 +2,7 @@
 // none owns more than about twice `rollouts_per_shard` pending children, groups spread evenly, and
 // the shards' report batches together stay within a few signals a second into the run.
 import { describe, expect, it } from 'vitest';
-import { flushIntervalMs, shardCount, shardOf } from '../../workflows/run/shards.js';
+import { flushIntervalMs, runHeartbeatTimeoutS, shardCount, shardOf } from '../../workflows/run/shards.js';
 import { runConfig } from '../workflows/harness.js';
 
 describe('rollout shards', () => {
@@ -26,5 +26,18 @@ describe('rollout shards', () => {
   it('report batches from all shards together: at most 20 signals a second into the run', () => {
     for (const shards of [1, 4, 20, 32, 100]) expect(shards * (1_000 / flushIntervalMs(shards))).toBeLessThanOrEqual(20);
     expect(flushIntervalMs(1)).toBe(1_000);
+  });
+
+  it("the /run heartbeat timeout: the configured one, or longer when the window's beats would pass run_heartbeats_per_s", () => {
+    const window = (groups: number, controller: Record<string, number> = {}) =>
+      runConfig('s', { async_rl: { max_in_flight_groups: groups }, grpo: { num_generations_per_prompt: 4 }, controller });
+    expect(runHeartbeatTimeoutS(window(2))).toBe(120);
+    expect(runHeartbeatTimeoutS(window(500))).toBe(120); // 2,000 in flight: 2,000 / (0.5 × 50) = 80 s
+    expect(runHeartbeatTimeoutS(window(2_000))).toBe(320);
+    expect(runHeartbeatTimeoutS(window(4_000))).toBe(640);
+    expect(runHeartbeatTimeoutS(window(4_000, { run_heartbeats_per_s: 200 }))).toBe(160);
+    expect(runHeartbeatTimeoutS(window(2, { run_heartbeat_timeout_s: 15 }))).toBe(15);
+    // Each /run beaten once per half of the timeout: the run's beats stay within the budget.
+    for (const groups of [2, 500, 2_000, 4_000]) expect((groups * 4) / (0.5 * runHeartbeatTimeoutS(window(groups)))).toBeLessThanOrEqual(50);
   });
 });

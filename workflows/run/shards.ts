@@ -10,6 +10,8 @@ import { ofRun } from '../search-attributes.js';
 import { shardWorkflowId } from '../shard-id.js';
 import type { RunContext } from './context.js';
 
+import { RUN_BEAT_SHARE } from '../../protocol/controller.js';
+
 export { shardOf } from '../../protocol/controller.js';
 
 /** The run's signal budget for reports (signals a second from all shards together). */
@@ -19,6 +21,15 @@ const REPORT_SIGNALS_PER_S = 20;
 export function shardCount(cfg: RunConfig): number {
   const window = cfg.async_rl.max_in_flight_groups * cfg.grpo.num_generations_per_prompt;
   return Math.max(1, Math.ceil(window / cfg.controller.rollouts_per_shard));
+}
+
+/**
+ * The heartbeat timeout of the run's `/run`s: `run_heartbeat_timeout_s`, or longer when the window
+ * of `/run`s, each beaten once per `RUN_BEAT_SHARE` of it, would pass `run_heartbeats_per_s`.
+ */
+export function runHeartbeatTimeoutS(cfg: RunConfig): number {
+  const window = cfg.async_rl.max_in_flight_groups * cfg.grpo.num_generations_per_prompt;
+  return Math.max(cfg.controller.run_heartbeat_timeout_s, Math.ceil(window / (RUN_BEAT_SHARE * cfg.controller.run_heartbeats_per_s)));
 }
 
 /** Least time between two reports of one shard: all of them together stay within the budget. */
@@ -46,7 +57,7 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
             controlTaskQueue: cfg.run.task_queue,
             runTaskQueue: cfg.run.rollout_task_queue,
             retireTimeoutS: cfg.rollout_checkpointing.gym.prepare_timeout_s,
-            runHeartbeatTimeoutS: cfg.controller.run_heartbeat_timeout_s,
+            runHeartbeatTimeoutS: runHeartbeatTimeoutS(cfg),
             scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
           },
           flushIntervalMs: flushIntervalMs(st.shards),
