@@ -42,7 +42,9 @@ export function encodeBody(value: unknown): Buffer {
 
 export type TransportReason = 'connect' | 'socket' | 'timeout' | 'aborted' | 'other';
 
-const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
+// EADDRNOTAVAIL is not here: it is the caller running out of local ports (a burst of connections
+// on one machine), which says nothing about the server.
+const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT']);
 const SOCKET_CODES = new Set(['ECONNRESET', 'EPIPE', 'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'ETIMEDOUT']);
 
 /** The call did not produce an HTTP reply. Plain data fields only, so it survives serialization. */

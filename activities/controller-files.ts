@@ -95,8 +95,11 @@ export interface WriteLedgerPartInput {
   /** A temp snapshot, or a trainer anchor's fallback parts directory. */
   dir: string;
   shard: number;
-  /** The shard's ledger slice, packed (protocol/packed-json.ts). */
-  ledger: PackedJson;
+  /**
+   * The shard's ledger slice: as it is (a local activity's argument is never stored or sent to
+   * the server: packing it in the workflow only cost the shard's workflow task time), or packed.
+   */
+  ledger: unknown;
   /** Create `dir` if missing (fallback parts); a temp snapshot must exist. */
   create?: boolean;
 }

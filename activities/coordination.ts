@@ -67,6 +67,8 @@ export interface ServerFailure {
   transport?: true;
   /** The server could not be reached, or the connection broke (refused, reset): its process is down or restarting. */
   unreachable?: true;
+  /** Nothing listens at the server's address (connection refused): its process is gone, not merely busy. */
+  refused?: true;
   /** The client timeout of the call fired. */
   timeout?: true;
   /** The caller's signal aborted the call. */
@@ -168,6 +170,7 @@ function transportFailure(err: unknown): ServerFailure {
       description,
       transport: true,
       ...(err.isConnectionError ? { unreachable: true as const } : {}),
+      ...(err.code === 'ECONNREFUSED' ? { refused: true as const } : {}),
       ...(err.reason === 'timeout' ? { timeout: true as const } : {}),
       ...(err.reason === 'aborted' ? { aborted: true as const } : {}),
     };

@@ -76,6 +76,8 @@ export interface GymFailureDetails {
   failures: Record<string, string>;
   /** The servers that could not be reached (connection refused or broken), when any. */
   unreachable?: string[];
+  /** Of those, the ones where nothing listens (connection refused): their processes are gone. */
+  refused?: string[];
 }
 
 /**
@@ -94,7 +96,13 @@ export function gymFailure(err: unknown): unknown {
   const unreachable = Object.keys(err.failures)
     .filter((name) => err.failures[name]!.unreachable)
     .sort();
-  const details: GymFailureDetails = { operation: err.operation, failures, ...(unreachable.length ? { unreachable } : {}) };
+  const refused = unreachable.filter((name) => err.failures[name]!.refused);
+  const details: GymFailureDetails = {
+    operation: err.operation,
+    failures,
+    ...(unreachable.length ? { unreachable } : {}),
+    ...(refused.length ? { refused } : {}),
+  };
   const message = clipMessage(err.message);
   const code = refusalCode(err);
   if (code !== undefined) return ApplicationFailure.nonRetryable(message, code, details);

@@ -20,7 +20,17 @@ export function describeFailure(err: unknown): string {
 
 /** The servers a Gym activity failure could not reach (GymFailureDetails.unreachable): Gym is down, not failing. */
 export function unreachableServers(err: unknown): string[] {
+  return detailList(err, 'unreachable');
+}
+
+/** Of those, the servers where nothing listens (GymFailureDetails.refused): their processes are gone, not busy. */
+export function refusedServers(err: unknown): string[] {
+  return detailList(err, 'refused');
+}
+
+function detailList(err: unknown, key: 'unreachable' | 'refused'): string[] {
   const cause = causeOf(err);
-  const details = cause instanceof ApplicationFailure ? (cause.details?.[0] as { unreachable?: unknown } | undefined) : undefined;
-  return Array.isArray(details?.unreachable) ? (details.unreachable as string[]) : [];
+  const details = cause instanceof ApplicationFailure ? (cause.details?.[0] as Record<string, unknown> | undefined) : undefined;
+  const list = details?.[key];
+  return Array.isArray(list) ? (list as string[]) : [];
 }

@@ -115,6 +115,21 @@ describe('discoverGym', () => {
   });
 });
 
+describe('discoverGym of a server that is gone', () => {
+  it('names it unreachable and refused (nothing listens): a crash, not a busy Gym', async () => {
+    const env = await memory('env_main', 'environment');
+    const runDir = path.join(tmp, 'gone');
+    await fsp.mkdir(runDir);
+    await fsp.writeFile(
+      path.join(runDir, 'endpoints.json'),
+      JSON.stringify({ env_main: { kind: 'environment', url: env.url }, res_main: { kind: 'resources', url: await refusedUrl() } }),
+    );
+    const f = await failureOf(runActivity(acts.discoverGym, { runDir }));
+    expect(f.type).toBe('gym_transient');
+    expect(f.details?.[0]).toMatchObject({ operation: 'discover', unreachable: ['res_main'], refused: ['res_main'] });
+  });
+});
+
 describe('Gym coordination activities', () => {
   it('prepare (not ready, then ready), commit, validate into a snapshot, resume', async () => {
     const { topology, env, res } = await gym();

@@ -85,11 +85,14 @@ function unreachable(operation: string): ApplicationFailure {
     operation,
     failures,
     unreachable: TOPOLOGY.members.map((m) => m.name).sort(),
+    refused: TOPOLOGY.members.map((m) => m.name).sort(),
   });
 }
 
 export class FakeGym {
   script: FakeGymScript = {};
+  /** The next discoveries fail this many times as a Gym too busy to answer (a timeout: nothing refused). */
+  busyLooks = 0;
   /** Gym's processes are down (crash() … comeBack()): every Gym call fails as unreachable. */
   down = false;
   /** Bumped by each crash: the instance identity the topology reports. */
@@ -209,6 +212,13 @@ export class FakeGym {
       discoverGym: async () => {
         this.calls.push('discover');
         if (this.down) throw unreachable('discover');
+        if (this.busyLooks > 0) {
+          this.busyLooks -= 1;
+          throw ApplicationFailure.retryable('discover failed on 1 server(s): env: timeout after 10000 ms', 'gym_transient', {
+            operation: 'discover',
+            failures: { env: 'timeout after 10000 ms' },
+          });
+        }
         const g = this.generation;
         return g === 1 ? TOPOLOGY : { ...TOPOLOGY, instances: { env: `env-${g}`, agent: `agent-${g}` } };
       },

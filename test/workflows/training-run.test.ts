@@ -706,6 +706,28 @@ describe('Gym crashes (no crash ends a run)', () => {
     });
   }, 60_000);
 
+  it("19b. rollouts that fail while Gym is too busy to answer a look: the shard looks again, the same processes answer, and each failure is its episode's own", async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true };
+    const cfg = runConfig('failures-gym-busy', { grpo: { max_num_steps: 1 }, async_rl: { max_attempts_per_sibling: 2 } });
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the group in flight');
+      const keys = [...gym.running].sort();
+      const looksBefore = gym.count('discover');
+      gym.busyLooks = 2;
+      for (const k of keys) gym.failRun(k, 'verify: HTTP 503');
+      // Two looks time out (a busy Gym, nothing refused), the third finds the same processes: no
+      // crash, no recovery; each failure costs its sibling an attempt and it runs again.
+      await until(() => keys.every((k) => gym.runKeys().includes(`${k}-a1`)), 'both rerun as attempt 1', 30_000);
+      expect(gym.count('discover') - looksBefore).toBeGreaterThanOrEqual(3);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 1, completedRollouts: 2, failedRollouts: 2 });
+      expect(summary.recoveries).toHaveLength(0);
+      expectRunsOnce(gym);
+    });
+  }, 60_000);
+
   it('16. a Gym that does not come back within controller.gym_recovery_timeout_s ends the run with gym_unavailable', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };

@@ -53,6 +53,9 @@ export class ShardContext {
   /** The attempts in flight when the last cut was written (a `recut` waits only if it matters). */
   lastCutInFlight = new Set<string>();
   lastCutPart: FileDigest | undefined;
+  /** Live failures wait for the next look at Gym (the last was inconclusive: shard/live-failures.ts). */
+  lookPaused = false;
+  inconclusiveLooks = 0;
 
   constructor(
     readonly input: RolloutShardInput,

@@ -4,7 +4,6 @@
 import { condition, getExternalWorkflowHandle, isCancellation, log, sleep } from '@temporalio/workflow';
 import type { FileDigest } from '../../protocol/controller.js';
 import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
-import { packJson } from '../../protocol/packed-json.js';
 import { describeFailure } from '../failures.js';
 import * as L from '../ledger.js';
 import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js';
@@ -57,7 +56,7 @@ async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardA
     case 'consume':
       return consume(ctx, req.groups, req.batchFile);
     case 'ledgerPart':
-      return { part: await ctx.files.writeLedgerPart({ dir: req.dir, shard: input.shard, ledger: packJson(st.ledger), create: true }) };
+      return { part: await ctx.files.writeLedgerPart({ dir: req.dir, shard: input.shard, ledger: st.ledger, create: true }) };
   }
 }
 
@@ -89,7 +88,7 @@ async function writeCut(ctx: ShardContext, tmpDir: string): Promise<Omit<ShardAn
 /** The ledger slice as it stands, into the temp snapshot; remembers what was in flight then (recut). */
 async function writeLedgerCut(ctx: ShardContext, tmpDir: string): Promise<FileDigest> {
   ctx.lastCutInFlight = new Set(Object.keys(ctx.st.inFlight));
-  const part = await ctx.files.writeLedgerPart({ dir: tmpDir, shard: ctx.input.shard, ledger: packJson(ctx.st.ledger) });
+  const part = await ctx.files.writeLedgerPart({ dir: tmpDir, shard: ctx.input.shard, ledger: ctx.st.ledger });
   ctx.lastCutPart = part;
   return part;
 }
