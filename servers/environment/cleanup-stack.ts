@@ -25,12 +25,14 @@ export class CleanupHandle {
   }
 
   /**
-   * Runs the callback unless it already succeeded, bounded by the cleanup timeout and, when given,
-   * by `signal` (a close during the protocol stops with the episode; final cleanup passes none).
+   * Runs the callback unless it already succeeded, bounded by `signal` when given (a close during
+   * the protocol is a stage like the others: it stops with the episode, at its deadline or retire),
+   * else by the cleanup timeout (final cleanup: participants.md §2.7 bounds that step alone). A
+   * protocol close cut by the cleanup timeout failed episodes whose agent was only slow: 16,000
+   * released at once kept the agent busy for minutes, and 8,288 closes timed out.
    */
   async close(signal?: AbortSignal): Promise<void> {
-    const timeout = AbortSignal.timeout(this.timeoutMs);
-    const bound = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    const bound = signal ?? AbortSignal.timeout(this.timeoutMs);
     for (;;) {
       const running = this.entry.running;
       if (running) {

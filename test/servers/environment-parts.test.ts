@@ -79,6 +79,17 @@ describe('CleanupStack', () => {
     expect(h.pending).toBe(false);
   });
 
+  it('a close during the protocol is not cut by the cleanup timeout: only the episode signal bounds it', async () => {
+    const stack = new CleanupStack(20);
+    const h = stack.register('agent', () => new Promise<void>((resolve) => setTimeout(resolve, 150)));
+    await h.close(new AbortController().signal);
+    expect(h.pending).toBe(false);
+    // Final cleanup (no episode signal) is bounded by it.
+    const slow = stack.register('slow', () => new Promise<void>((resolve) => setTimeout(resolve, 150)));
+    await expect(slow.close()).rejects.toThrow();
+    expect(slow.pending).toBe(true);
+  });
+
   it('concurrent closes of one entry run the callback once', async () => {
     const stack = new CleanupStack(1_000);
     let calls = 0;
