@@ -111,7 +111,10 @@ describe('servers with workers: 2', () => {
     const ids = Array.from({ length: 20 }, (_, i) => `kept-${i}`);
     const a = ids.find((id) => ownerOf(id, 2) === 0)!;
     const b = ids.find((id) => ownerOf(id, 2) === 1)!;
-    const client = new Client(g().endpoints.counter!.url, { pipelining: 1 });
+    // A request that gets no answer fails at its own line instead of the test's timeout (CI saw
+    // this test time out once under load; which request hung was not known).
+    const answerWithin = { headersTimeout: 20_000, bodyTimeout: 20_000 };
+    const client = new Client(g().endpoints.counter!.url, { pipelining: 1, ...answerWithin });
     const headers = { 'content-type': 'application/json' };
     const cookies: string[] = [];
     try {
@@ -144,6 +147,7 @@ describe('servers with workers: 2', () => {
       // The sessions go with their cookies (the next test starts clean).
       for (const [i, id] of [a, b, a].entries()) {
         const closed = await request(`${g().endpoints.counter!.url}/ng-rollout/${id}/close_session`, {
+          ...answerWithin,
           method: 'POST',
           headers: { ...headers, cookie: cookies[i] ?? '' },
           body: '{}',
