@@ -28,19 +28,25 @@ export interface AssignGroups {
 export const assignGroups = defineSignal<[AssignGroups]>('assignGroups');
 
 /**
- * Who holds admission and who holds the deadline clocks, as a whole (`seq` increases): a shard
- * dispatches only while `admission` is empty and counts ticks only while `deadlines` is. Sent as
- * the full set so signals that arrive out of order or twice cannot leave a stale hold.
+ * Who holds admission, the deadline clocks and the reports, as a whole (`seq` increases): a shard
+ * dispatches only while `admission` is empty, counts ticks only while `deadlines` is, and reports
+ * to the run only while `reports` is. Sent as the full set so signals that arrive out of order or
+ * twice cannot leave a stale hold.
  */
 export interface Holds {
   seq: number;
   admission: string[];
   deadlines: string[];
+  reports: string[];
 }
 export const setHolds = defineSignal<[Holds]>('setHolds');
 
-/** The run's holders: a checkpoint attempt and a pending release/abort, a Gym recovery, a training step, pause, stop. */
+/**
+ * The run's holders: a checkpoint attempt and a pending release/abort, a Gym recovery, a training
+ * step, pause, stop; and the run's continue-as-new, which holds the reports (run/carry.ts).
+ */
 export const HOLDERS = {
+  continueAsNew: 'run-continue-as-new',
   checkpoint: 'gym-checkpoint',
   recovery: 'gym-recovery',
   weightSync: 'weight-sync',
@@ -50,7 +56,8 @@ export const HOLDERS = {
 
 /** The holds with `holder` released (the next sequence number). */
 export function releasedHolds(h: Holds, holder: string): Holds {
-  return { seq: h.seq + 1, admission: h.admission.filter((x) => x !== holder), deadlines: h.deadlines.filter((x) => x !== holder) };
+  const without = (list: string[]) => list.filter((x) => x !== holder);
+  return { seq: h.seq + 1, admission: without(h.admission), deadlines: without(h.deadlines), reports: without(h.reports) };
 }
 
 /** Holds under which Gym is mid-checkpoint or mid-recovery: no `forget` goes out then. */

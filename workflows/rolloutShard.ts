@@ -54,6 +54,7 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     ctx.wake();
   });
   setHandler(setHolds, (h) => {
+    // Woken also when the reports' hold is released: what was held goes out.
     if (applyHolds(st, h)) ctx.wake();
   });
   setHandler(rolloutFinished, (r) => {
@@ -88,6 +89,8 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     const crash = st.gymCrashed !== null && !st.crashReported;
     const news = st.sealed.length > 0 || st.completed !== 0 || st.failed !== 0 || crash || inFlight !== told.inFlight || unfinished !== told.unfinished;
     if (!news || (ctx.pacing && !st.closed && !crash)) return;
+    // The run is continuing as new: a signal now would make the server refuse it (run/carry.ts).
+    if (st.holds.reports.length > 0) return;
     ctx.pacing = true;
     void sleep(input.flushIntervalMs).then(() => {
       ctx.pacing = false;

@@ -4,8 +4,9 @@
 // The prompt groups in flight, their attempts and results are the shards' (rolloutShard.ts): the
 // run carries nothing per rollout. Its event history, with its shards', is the controller's durable
 // memory.
-import { ContinueAsNew, allHandlersFinished, condition, continueAsNew, log, setCurrentDetails, setHandler, workflowInfo } from '@temporalio/workflow';
+import { ContinueAsNew, allHandlersFinished, condition, setCurrentDetails, setHandler } from '@temporalio/workflow';
 import { checkpointNow, pauseRun, resumeRun, runStatus, shardReport, stopRun, type RunStatus } from './messages.js';
+import { continueAsNewDue, continueAsNewQuietly } from './run/carry.js';
 import { armCheckpointTimer, checkpointDue, startCheckpoint } from './run/checkpoints.js';
 import { coldStart, setupLevels } from './run/cold-start.js';
 import { RunContext } from './run/context.js';
@@ -17,18 +18,14 @@ import { trainReadyGroups } from './run/training.js';
 
 export type { RecoveryRecord, RestoredFrom, RunState, RunSummary, TrainingRunInput } from './run/state.js';
 
-/** Continue-as-new input above this (bytes of JSON) is not sent: the run keeps its history instead. */
-const MAX_CARRIED_STATE_BYTES = 256_000;
-
 export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> {
   const cfg = input.config;
   const st = input.state ?? initialState();
   const ctx = new RunContext(cfg, st);
-  /** History length before which continue-as-new is not tried again (the state was too large). */
-  let carryRetryAt = 0;
 
   setHandler(shardReport, (r) => {
     st.reports.push(r);
+    ctx.reportsReceived += 1;
     ctx.wake();
   });
   setHandler(pauseRun, () => {
@@ -81,19 +78,7 @@ export async function trainingRun(input: TrainingRunInput): Promise<RunSummary> 
         `**run** \`${cfg.run.name}\` — ${ctx.phase()}\n\nstep ${st.steps}/${cfg.grpo.max_num_steps}, ${totalInFlight(st)} rollouts in flight in ${st.shards} shards, ` +
           `${st.completedRollouts} completed, last snapshot: ${st.lastSnapshot ?? 'none'}`,
       );
-      const info = workflowInfo();
-      if (!ctx.checkpointRunning && !ctx.training && (info.historyLength > cfg.controller.max_history_events || info.continueAsNewSuggested)) {
-        await condition(allHandlersFinished);
-        await ctx.retention;
-        if (!ctx.checkpointRunning && ctx.manualRequested === ctx.manualServed && info.historyLength >= carryRetryAt) {
-          const state = { ...st, continuedAsNew: st.continuedAsNew + 1 };
-          const bytes = JSON.stringify(state).length;
-          if (bytes <= MAX_CARRIED_STATE_BYTES) await continueAsNew<typeof trainingRun>({ config: cfg, state });
-          // Over the bound the run keeps its history (hard limits: 51,200 events / 50 MiB), tries again later.
-          carryRetryAt = info.historyLength + 1_000;
-          log.error('run state too large to continue as new; continuing on the current history', { bytes, limit: MAX_CARRIED_STATE_BYTES });
-        }
-      }
+      if (continueAsNewDue(ctx)) await continueAsNewQuietly(ctx);
       if (!ctx.changed) await condition(() => ctx.changed || ctx.fatal !== undefined);
     }
 

@@ -2,7 +2,7 @@
 // none owns more than about twice `rollouts_per_shard` pending children, groups spread evenly, and
 // the shards' report batches together stay within a few signals a second into the run.
 import { describe, expect, it } from 'vitest';
-import { flushIntervalMs, runHeartbeatTimeoutS, shardCount, shardOf } from '../../workflows/run/shards.js';
+import { SHARD_MAX_HISTORY_EVENTS, flushIntervalMs, runHeartbeatTimeoutS, shardCount, shardMaxHistoryEvents, shardOf } from '../../workflows/run/shards.js';
 import { runConfig } from '../workflows/harness.js';
 
 describe('rollout shards', () => {
@@ -21,6 +21,12 @@ describe('rollout shards', () => {
     expect(Math.min(...counts)).toBeGreaterThan(0);
     // With 4 generations a group, the fullest shard owns far fewer than Temporal's 2,000 pending children.
     expect(Math.max(...counts) * 4).toBeLessThan(1_000);
+  });
+
+  it('a shard continues as new within its own bound of events, or sooner at controller.max_history_events', () => {
+    expect(shardMaxHistoryEvents(runConfig('s'))).toBe(SHARD_MAX_HISTORY_EVENTS);
+    expect(shardMaxHistoryEvents(runConfig('s', { controller: { max_history_events: 40_000 } }))).toBe(SHARD_MAX_HISTORY_EVENTS);
+    expect(shardMaxHistoryEvents(runConfig('s', { controller: { max_history_events: 500 } }))).toBe(500);
   });
 
   it('report batches from all shards together: at most 20 signals a second into the run', () => {

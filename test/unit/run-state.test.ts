@@ -4,7 +4,16 @@
 // starts no second one.
 import { describe, expect, it } from 'vitest';
 import type { ShardReport } from '../../workflows/messages.js';
-import { applyShardReports, initialState, totalInFlight, totalUnfinished } from '../../workflows/run/state.js';
+import {
+  MAX_KEPT_OUTCOMES,
+  MAX_RECOVERY_SAMPLE,
+  applyShardReports,
+  initialState,
+  keepRecovery,
+  totalInFlight,
+  totalUnfinished,
+  type RecoveryRecord,
+} from '../../workflows/run/state.js';
 
 function report(over: Partial<ShardReport>): ShardReport {
   return { shard: 0, sealed: [], completed: 0, failed: 0, assigned: 0, inFlight: 0, unfinished: 0, epoch: 0, ...over };
@@ -52,5 +61,32 @@ describe('the run state under its shards\u2019 reports', () => {
     expect(JSON.parse(text)).toEqual(st);
     // 4,000 sealed groups waiting (16,000 rollouts): far under the 256 KB a workflow should carry.
     expect(text.length).toBeLessThan(64_000);
+  });
+
+  it('recoveries keep a bounded sample of continued keys, from every shard in turn, and the newest records only', () => {
+    const st = initialState();
+    const rec: RecoveryRecord = {
+      at: '2026-12-04T00:00:00Z',
+      restoreId: 'restore-1',
+      snapshotDir: '/c/s',
+      continued: 3_200,
+      restarted: 0,
+      continuedSample: [],
+    };
+    // 32 shards answered 100 continued keys each.
+    const perShard = Array.from({ length: 32 }, (_, k) => Array.from({ length: 100 }, (_, i) => `scale-16000.p${k * 1000 + i}.g0.a1`));
+    keepRecovery(st, rec, perShard);
+    const kept = st.recoveries[0]!.continuedSample;
+    expect(kept).toHaveLength(MAX_RECOVERY_SAMPLE);
+    expect(kept.slice(0, 3)).toEqual(['scale-16000.p0.g0.a1', 'scale-16000.p1000.g0.a1', 'scale-16000.p2000.g0.a1']);
+    const shardOf = new Map(perShard.flatMap((keys, k) => keys.map((key) => [key, k] as const)));
+    expect(new Set(kept.map((key) => shardOf.get(key))).size).toBe(32);
+    // Fewer than the bound: all of them.
+    keepRecovery(st, rec, [['a'], [], ['b', 'c']]);
+    expect(st.recoveries[1]!.continuedSample).toEqual(['a', 'b', 'c']);
+    for (let i = 0; i < 2 * MAX_KEPT_OUTCOMES; i++) keepRecovery(st, rec, perShard);
+    expect(st.recoveries).toHaveLength(MAX_KEPT_OUTCOMES);
+    // The most a run carries of its recoveries stays well under the 256 KB continue-as-new bound.
+    expect(JSON.stringify(st).length).toBeLessThan(256_000);
   });
 });

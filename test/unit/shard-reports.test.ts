@@ -25,7 +25,7 @@ function applyWithGymUp(st: RunState): AppliedReports {
 
 /** A run state with one group of `size` siblings, every attempt dispatched and in flight with a deadline. */
 function runWithGroup(size: number, granularity: L.RecoveryGranularity = 'sibling'): RunState {
-  const st = initialShardState('reports', { seq: 0, admission: [], deadlines: [] });
+  const st = initialShardState('reports', { seq: 0, admission: [], deadlines: [], reports: [] });
   reserve(st.ledger, 'reports.p0', { size, granularity });
   dispatchReserved(st);
   return st;
@@ -120,7 +120,7 @@ describe('applyReports', () => {
 
   it("during a recovery a live failure is the crash's at once; a timed-out attempt is charged at once", () => {
     const st = runWithGroup(2);
-    st.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [] };
+    st.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [], reports: [] };
     st.reports = [failed(ep('reports.p0.g0')), failed(ep('reports.p0.g1'), { status: 'timed_out', reason: 'rollout deadline expired' })];
     applyReports(st, cfg);
     expect(st.unconfirmedFailures).toEqual([]);
@@ -155,7 +155,7 @@ describe('applyReports', () => {
     expect(st).toMatchObject({ failed: 0, unconfirmedFailures: [] });
     // A sibling-granularity group keeps its other members running: each continues on its own.
     const sib = runWithGroup(3);
-    sib.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [] };
+    sib.holds = { seq: 1, admission: [HOLDERS.recovery], deadlines: [], reports: [] };
     sib.reports = [failed(ep('reports.p0.g0'))];
     expect(applyReports(sib, cfg).toStop).toEqual([]);
   });

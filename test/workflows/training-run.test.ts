@@ -4,7 +4,7 @@
 // locks its clock from an activity's schedule to its completion. A held `/run` or prepare therefore
 // means real time (so do activity retry backoffs). Each test has its own run name and task queue;
 // tests in this file run one after another (the server clock is global).
-import { ApplicationFailure } from '@temporalio/common';
+import { ApplicationFailure, defaultPayloadConverter } from '@temporalio/common';
 import { WorkflowFailedError, WorkflowUpdateStage, type WorkflowHandleWithFirstExecutionRunId } from '@temporalio/client';
 import type { TestWorkflowEnvironment } from '@temporalio/testing';
 import { Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
@@ -13,7 +13,7 @@ import type { CheckpointOutcome } from '../../protocol/controller.js';
 import { parseCaptureKey } from '../../protocol/ids.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
-import { HOLDERS, checkpointNow, runStatus, type RunStatus } from '../../workflows/messages.js';
+import { HOLDERS, checkpointNow, runStatus, type Holds, type RunStatus } from '../../workflows/messages.js';
 import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
 import { shardWorkflowId } from '../../workflows/rolloutShard.js';
 import { trainingRun, type RunSummary } from '../../workflows/trainingRun.js';
@@ -926,6 +926,20 @@ describe('continue-as-new', () => {
       const summary = await handle.result();
       expect(summary.continuedAsNew).toBeGreaterThanOrEqual(1);
       expect(summary).toMatchObject({ steps: 16, completedRollouts: 32, failedRollouts: 0 });
+      // The run held its shards' reports before it continued as new (no report crossed it, no task
+      // was refused), and its next execution released them.
+      const runFirst = await env.client.workflow.getHandle(cfg.run.name, handle.firstExecutionRunId).fetchHistory();
+      const holdsSent = (events: typeof runFirst.events) =>
+        (events ?? [])
+          .map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)
+          .filter((a) => a?.signalName === 'setHolds')
+          .map((a) => defaultPayloadConverter.fromPayload<Holds>(a!.input!.payloads![0]!));
+      expect(holdsSent(runFirst.events).at(-1)?.reports).toEqual([HOLDERS.continueAsNew]);
+      expect(runFirst.events?.some((e) => e.workflowTaskFailedEventAttributes)).toBe(false);
+      const secondRunId = runFirst.events?.at(-1)?.workflowExecutionContinuedAsNewEventAttributes?.newExecutionRunId ?? undefined;
+      expect(secondRunId).toBeDefined();
+      const runSecond = await env.client.workflow.getHandle(cfg.run.name, secondRunId).fetchHistory();
+      expect(holdsSent(runSecond.events)[0]?.reports).toEqual([]);
       expect(gym.runKeys()).toHaveLength(32);
       expectRunsOnce(gym);
       // The shard continued as new too: rollouts its first execution started reported to a later one.

@@ -42,6 +42,12 @@ export class RunContext {
   recovering = false;
   /** A recovery waits for Gym to answer: the shards' deadline clocks are held. */
   gymDown = false;
+  /** The run is about to continue as new: the shards' reports are held (run/carry.ts). */
+  continuingAsNew = false;
+  /** Shard reports received in this execution (the carry waits until they stop coming). */
+  reportsReceived = 0;
+  /** History length before which continue-as-new is not tried again (the state was too large). */
+  carryRetryAt = 0;
   manualRequested = 0;
   manualServed = 0;
   manualOutcomes: Record<number, CheckpointOutcome> = {};

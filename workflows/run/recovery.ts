@@ -6,6 +6,7 @@
 // histories.
 import { ApplicationFailure, isCancellation, log, setCurrentDetails, sleep, uuid4 } from '@temporalio/workflow';
 import { recoveryDir, type GymTopology } from '../../protocol/controller.js';
+import type { CaptureKey } from '../../protocol/episode-id.js';
 import { describeFailure } from '../failures.js';
 import type { ShardAnswer } from '../messages.js';
 import { recoveryRecorded } from '../metrics.js';
@@ -14,13 +15,14 @@ import { record, retryPending } from './checkpoints.js';
 import type { RunContext } from './context.js';
 import { shardTopology } from './dispatch.js';
 import { ensureShards, syncHolds } from './shards.js';
-import { MAX_KEPT_OUTCOMES, type RecoveryRecord } from './state.js';
+import { keepRecovery, type RecoveryRecord } from './state.js';
 
 /** `cold`: the first recovery of a run that took over another's checkpoint directory. */
 export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
   const { st, cfg } = ctx;
   ctx.recovering = true;
   const rec: RecoveryRecord = { at: new Date().toISOString(), restoreId: null, snapshotDir: st.lastSnapshot, continued: 0, restarted: 0, continuedSample: [] };
+  let continuedPerShard: CaptureKey[][] = [];
   try {
     await ensureShards(ctx);
     // Gym first: attempts in flight report only once their processes answer again. While Gym is
@@ -68,12 +70,12 @@ export async function recoverGym(ctx: RunContext, cold = false): Promise<void> {
     st.recoveryEpoch += 1;
     rec.continued = settled.reduce((n, a) => n + (a.continued ?? 0), 0);
     rec.restarted = settled.reduce((n, a) => n + (a.restarted ?? 0), 0);
-    rec.continuedSample = settled.flatMap((a) => a.continuedKeys ?? []);
+    continuedPerShard = settled.map((a) => a.continuedKeys ?? []);
     recoveryRecorded(cold, restoreFailed ? 'restore_failed' : rec.restoreId ? 'restored' : 'nothing_to_restore', rec.continued, rec.restarted);
     await ctx.storage.removeControllerDir({ dir });
     log.info('recovered from a Gym crash', { continued: rec.continued, restarted: rec.restarted });
   } finally {
-    st.recoveries = [...st.recoveries, rec].slice(-MAX_KEPT_OUTCOMES);
+    keepRecovery(st, rec, continuedPerShard);
     st.recoveryNeeded = false;
     ctx.recovering = false;
     ctx.gymDown = false;

@@ -17,6 +17,19 @@ export { shardOf } from '../../protocol/controller.js';
 /** The run's signal budget for reports (signals a second from all shards together). */
 const REPORT_SIGNALS_PER_S = 20;
 
+/**
+ * A shard continues as new past this many events, or sooner at `controller.max_history_events`.
+ * Attempts signal it while it continues as new, and the server then refuses the continue-as-new
+ * (unhandled command): the worker evicts the shard and replays its whole history in the next task.
+ * A long history made that replay outlast the workflow task timeout on a busy worker, and every
+ * retry was longer still: the shard stopped (docs/performance.md, controller-scale at 16,000).
+ */
+export const SHARD_MAX_HISTORY_EVENTS = 1_000;
+
+export function shardMaxHistoryEvents(cfg: RunConfig): number {
+  return Math.min(cfg.controller.max_history_events, SHARD_MAX_HISTORY_EVENTS);
+}
+
 /** Shards for the configured window: each carries about `rollouts_per_shard` attempts in flight. */
 export function shardCount(cfg: RunConfig): number {
   const window = cfg.async_rl.max_in_flight_groups * cfg.grpo.num_generations_per_prompt;
@@ -61,7 +74,7 @@ async function startShard(ctx: RunContext, shard: number): Promise<void> {
             scheduleToStartTimeoutS: cfg.controller.schedule_to_start_timeout_s,
           },
           flushIntervalMs: flushIntervalMs(st.shards),
-          maxHistoryEvents: cfg.controller.max_history_events,
+          maxHistoryEvents: shardMaxHistoryEvents(cfg),
           maxAttemptsPerSibling: cfg.async_rl.max_attempts_per_sibling,
           rolloutTimeoutS: cfg.async_rl.rollout_timeout_s,
           gymRunDir: cfg.run.gym_run_dir,
@@ -123,7 +136,8 @@ export function desiredHolds(ctx: RunContext): Omit<Holds, 'seq'> {
   if (ctx.gymDown) deadlines.push(HOLDERS.recovery);
   if (st.paused) admission.push(HOLDERS.paused);
   if (st.stopRequested) admission.push(HOLDERS.stopping);
-  return { admission: admission.sort(), deadlines: deadlines.sort() };
+  const reports = ctx.continuingAsNew ? [HOLDERS.continueAsNew] : [];
+  return { admission: admission.sort(), deadlines: deadlines.sort(), reports };
 }
 
 /**
@@ -134,7 +148,7 @@ export function desiredHolds(ctx: RunContext): Omit<Holds, 'seq'> {
 export async function syncHolds(ctx: RunContext): Promise<void> {
   const { st } = ctx;
   const want = desiredHolds(ctx);
-  if (JSON.stringify(want) === JSON.stringify({ admission: st.holds.admission, deadlines: st.holds.deadlines })) return;
+  if (JSON.stringify(want) === JSON.stringify({ admission: st.holds.admission, deadlines: st.holds.deadlines, reports: st.holds.reports })) return;
   st.holds = { seq: st.holds.seq + 1, ...want };
   if (st.shards === 0) return;
   const holds = st.holds;

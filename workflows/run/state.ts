@@ -86,7 +86,7 @@ export interface RecoveryRecord {
   /** Siblings that went on from their saved turn, and siblings that started over. */
   continued: number;
   restarted: number;
-  /** Some of the continued siblings (at most 100 a shard), by the capture key they go on as. */
+  /** Some of the continued siblings (at most MAX_RECOVERY_SAMPLE in all), by the capture key they go on as. */
   continuedSample: CaptureKey[];
   error?: string;
 }
@@ -114,12 +114,30 @@ export interface RunSummary {
 /** Outcomes and recoveries the run keeps (status, summary, continue-as-new). */
 export const MAX_KEPT_OUTCOMES = 50;
 
+/**
+ * Continued capture keys a recovery record keeps, taken from every shard in turn. A sample per
+ * shard (32 shards at 16,000 in flight) made a few recoveries carry more than the run's
+ * continue-as-new bound.
+ */
+export const MAX_RECOVERY_SAMPLE = 100;
+
+/** Keeps a finished recovery's record, its sample of continued keys (per shard) cut to a bounded one. */
+export function keepRecovery(st: RunState, rec: RecoveryRecord, continuedPerShard: CaptureKey[][] = []): void {
+  const sample: CaptureKey[] = [];
+  for (let i = 0; sample.length < MAX_RECOVERY_SAMPLE; i++) {
+    const round = continuedPerShard.filter((keys) => i < keys.length).map((keys) => keys[i]!);
+    if (round.length === 0) break;
+    sample.push(...round.slice(0, MAX_RECOVERY_SAMPLE - sample.length));
+  }
+  st.recoveries = [...st.recoveries, { ...rec, continuedSample: sample }].slice(-MAX_KEPT_OUTCOMES);
+}
+
 export function initialState(): RunState {
   return {
     cursor: 0,
     topology: null,
     gates: { weightSync: false, gymCheckpoint: false },
-    holds: { seq: 0, admission: [], deadlines: [] },
+    holds: { seq: 0, admission: [], deadlines: [], reports: [] },
     pendingRelease: null,
     pendingAbort: null,
     lastSnapshot: null,
