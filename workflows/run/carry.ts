@@ -28,7 +28,7 @@ export function continueAsNewDue(ctx: RunContext): boolean {
 /** Continues as new with the shards' reports held; returns when it cannot yet (the loop goes on). */
 export async function continueAsNewQuietly(ctx: RunContext): Promise<void> {
   const { st } = ctx;
-  await condition(allHandlersFinished);
+  await handlersDone(ctx);
   await ctx.retention;
   if (!carryable(ctx)) return;
   ctx.continuingAsNew = true;
@@ -39,7 +39,7 @@ export async function continueAsNewQuietly(ctx: RunContext): Promise<void> {
       await sleep(QUIET_MS);
       if (ctx.reportsReceived === seen) break;
     }
-    await condition(allHandlersFinished);
+    await handlersDone(ctx);
     // A manual checkpoint asked for meanwhile is served first (its answer is this execution's).
     if (!carryable(ctx)) return;
     applyShardReports(st);
@@ -49,6 +49,14 @@ export async function continueAsNewQuietly(ctx: RunContext): Promise<void> {
     ctx.continuingAsNew = false;
     ctx.wake();
   }
+}
+
+/**
+ * Every handler has finished, or a manual checkpoint waits for its answer: that handler finishes
+ * only once the main loop has run the checkpoint, so waiting for it here would wait forever.
+ */
+async function handlersDone(ctx: RunContext): Promise<void> {
+  await condition(() => allHandlersFinished() || ctx.manualRequested !== ctx.manualServed);
 }
 
 function carried(st: RunState): RunState {
