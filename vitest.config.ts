@@ -13,27 +13,16 @@ class LlamaLastSequencer extends BaseSequencer {
   }
 }
 
-/**
- * Two lanes on two cores, one file at a time in each: the end-to-end files (each starts a Temporal
- * dev server, Gym processes and a worker) never run beside one another, and the rest (unit,
- * contract, in-process servers, time-skipping workflow tests) runs beside them: much of an e2e
- * file's time is spent waiting on its processes, and the other lane uses the cores meanwhile.
- */
-const E2E = 'test/e2e/**/*.test.ts';
-
 export default defineConfig({
   test: {
+    include: ['test/**/*.test.ts'],
     // The Temporal native addon and worker threads do not mix (sdk-typescript #876).
     pool: 'forks',
-    // One fork per lane.
-    maxWorkers: 2,
     // Worker creation and workflow bundling take seconds; starting servers takes more.
     testTimeout: 60_000,
     hookTimeout: 180_000,
+    // Two cores: one file (and its servers) at a time.
+    fileParallelism: false,
     sequence: { sequencer: LlamaLastSequencer },
-    projects: [
-      { extends: true, test: { name: 'e2e', include: [E2E], fileParallelism: false } },
-      { extends: true, test: { name: 'rest', include: ['test/**/*.test.ts'], exclude: [E2E], fileParallelism: false } },
-    ],
   },
 });
