@@ -22,14 +22,32 @@ interface HandoffMessage {
   bytes: string;
 }
 
-/** In the front: passes `socket` (paused, nothing more read from it here) to `worker`. */
+/** In the front: passes `socket` (nothing more read from it here) to `worker`. */
 export function handOff(worker: ChildProcess, socket: Socket, bytes: Buffer): void {
-  socket.pause();
+  stopReading(socket);
   const message: HandoffMessage = { ng_handoff: 1, bytes: bytes.toString('base64') };
   // The front's copy of the descriptor is closed once the worker has it.
   worker.send(message, socket, { keepOpen: false }, (err) => {
     if (err) socket.destroy();
   });
+}
+
+/**
+ * Stops reading `socket` here, its descriptor included. `pause()` stops only the stream: the handle
+ * goes on reading (the stream itself restarts it after a chunk, to fill its buffer). A socket sent
+ * to a worker stays open in this process until the worker acknowledges it, and whatever its handle
+ * reads meanwhile is thrown away: the caller's next request on a kept connection, sent as soon as
+ * the worker answered the first, could be read here and lost, and the caller would wait for ever.
+ * Called just before the send, which takes the handle off the socket, so nothing starts it again.
+ * Node has no public call for this; its own HTTP server stops a consumed socket the same way.
+ */
+function stopReading(socket: Socket): void {
+  socket.pause();
+  const handle = (socket as unknown as { _handle?: { reading?: boolean; readStop?: () => number } | null })._handle;
+  if (handle?.reading && handle.readStop) {
+    handle.reading = false;
+    handle.readStop();
+  }
 }
 
 /**
