@@ -36,7 +36,10 @@ it('a byte sent while the handoff waits for the worker reaches the worker, not t
   const dir = mkdtempSync(path.join(os.tmpdir(), 'handoff-'));
   writeFileSync(path.join(dir, 'child.cjs'), CHILD);
   const child: ChildProcess = fork(path.join(dir, 'child.cjs'), { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
-  cleanup.push(() => child.kill('SIGKILL'), () => rmSync(dir, { recursive: true, force: true }));
+  cleanup.push(
+    () => child.kill('SIGKILL'),
+    () => rmSync(dir, { recursive: true, force: true }),
+  );
   const got: string[] = [];
   const allGot = new Promise<void>((resolve) =>
     child.on('message', (m: unknown) => {
