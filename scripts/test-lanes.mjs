@@ -2,7 +2,8 @@
 // starts a Temporal dev server, Gym processes and a worker) and the rest (unit, contract,
 // in-process servers, time-skipping workflow tests, and a few short e2e files) beside them. Much
 // of an e2e file's time is spent waiting on its processes, and the other lane uses the cores
-// meanwhile; one vitest cannot do this (it puts projects that run one file at a time into one sequential group).
+// meanwhile; one vitest cannot do this (it puts projects that run one file at a time into one
+// sequential group).
 //
 // `npm test -- <args>`: options alone (`--reporter=…`, `--outputFile.json=FILE`) go to both lanes,
 // and the JSON reports are merged into FILE; anything else (a file filter, `-t NAME`) runs one

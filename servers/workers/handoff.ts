@@ -38,7 +38,8 @@ export function handOff(worker: ChildProcess, socket: Socket, bytes: Buffer): vo
  * to a worker stays open in this process until the worker acknowledges it, and whatever its handle
  * reads meanwhile is thrown away: the caller's next request on a kept connection, sent as soon as
  * the worker answered the first, could be read here and lost, and the caller would wait for ever.
- * Called just before the send, which takes the handle off the socket, so nothing starts it again.
+ * Called just before the send; the paused stream asks for nothing more, so nothing starts the
+ * handle again before the send takes it off the socket (also when the send waits in Node's queue).
  * Node has no public call for this; its own HTTP server stops a consumed socket the same way.
  */
 function stopReading(socket: Socket): void {
