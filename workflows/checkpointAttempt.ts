@@ -9,7 +9,6 @@ import {
   groupOfRollout,
   shardOf,
   type CheckpointOutcome,
-  type CheckpointReason,
   type CheckpointStageSeconds,
   type CheckpointTrigger,
   type FileDigest,
@@ -20,9 +19,10 @@ import {
 } from '../protocol/controller.js';
 import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
 import { checkpointProbeLocalActivities, controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import { AttemptFailed, GymRestarted, classify, gymCall, requireAnswers } from './checkpoint-failure.js';
 import { checkpointDetails, checkpointFailure } from './checkpoint-outcome.js';
-import { describeFailure, failureType, unreachableServers } from './failures.js';
-import { HOLDERS, releasedHolds, setHolds, type Holds, type ShardAnswer } from './messages.js';
+import { describeFailure, unreachableServers } from './failures.js';
+import { HOLDERS, releasedHolds, setHolds, type Holds } from './messages.js';
 import { ShardAsker, allShards } from './shard-asker.js';
 import { CHECKPOINT_OUTCOME, CHECKPOINT_REASON } from './search-attributes.js';
 import { shardWorkflowId } from './shard-id.js';
@@ -49,21 +49,6 @@ export interface CheckpointAttemptInput {
   /** Where the Gym's endpoints are (to check that no participant restarted since discovery). */
   gymRunDir: string;
   requireModel: boolean;
-}
-
-/** The Gym restarted under the controller: the attempt ends, the run recovers. */
-class GymRestarted extends Error {}
-
-/** A failure of this attempt, classified for the pump (controller.md §2.8). */
-class AttemptFailed extends Error {
-  constructor(
-    readonly reason: CheckpointReason,
-    message: string,
-    /** A participant could not be reached: Gym is down, not failing; the run waits for it. */
-    readonly gymUnreachable = false,
-  ) {
-    super(message);
-  }
 }
 
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
@@ -251,20 +236,6 @@ async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
   return at;
 }
 
-/** Every shard answered without an error, or the attempt fails (a shard's part is missing from the cut). */
-function requireAnswers(what: string, answers: ShardAnswer[]): ShardAnswer[] {
-  const failed = answers.filter((a) => a.error !== undefined);
-  if (failed.length > 0)
-    throw new AttemptFailed(
-      'timeout',
-      `${what}: ${failed
-        .map((a) => `shard ${a.shard}: ${a.error}`)
-        .join('; ')
-        .slice(0, 500)}`,
-    );
-  return answers;
-}
-
 /** The uncommitted capture keys by the shard that owns them. */
 function unsettledByShard(keys: readonly CaptureKey[], shards: number): Map<number, CaptureKey[]> {
   const out = new Map<number, CaptureKey[]>();
@@ -288,24 +259,4 @@ async function resumeGym(control: ReturnType<typeof controlActivities>, input: C
   } finally {
     seconds.resume = (seconds.resume ?? 0) + (Date.now() - s) / 1000;
   }
-}
-
-/**
- * Wraps exactly the Gym prepare and commit calls (review AI, controller.md §2.8): their failures
- * are retryable for the pump — a timeout keeps `timeout`, everything else is `io_error`.
- */
-async function gymCall<T>(fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (err) {
-    const type = failureType(err);
-    const message = describeFailure(err);
-    if (type === 'invariant_error') throw err;
-    const reason = type === 'gym_not_ready' || /timeout|deadline/i.test(type ?? '') ? 'timeout' : 'io_error';
-    throw new AttemptFailed(reason, message, unreachableServers(err).length > 0);
-  }
-}
-
-function classify(err: unknown): CheckpointReason {
-  return failureType(err) === 'invariant_error' ? 'invariant_error' : 'io_error';
 }

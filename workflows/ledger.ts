@@ -1,71 +1,21 @@
-// The recovery ledger (controller.md §5): prompt groups with stable IDs, siblings with stable
-// rollout IDs, physical attempts, sealed results, and the dataloader cursor. Pure data and pure
-// transitions: the training-run workflow holds one in its state and carries it across
-// continue-as-new; snapshots persist it as `ledger.json`.
+// The recovery ledger's transitions (controller.md §5; its shape in ledger-shape.ts): prompt
+// groups reserved, attempts dispatched, sealed, failed, continued or restarted. Pure functions on
+// plain data: each rollout shard holds its slice in its state and carries it across
+// continue-as-new; snapshots persist the slices as ledger parts.
 import type { TaskRef } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
+import {
+  LEDGER_SCHEMA_VERSION,
+  LedgerError,
+  type Attempt,
+  type Ledger,
+  type PromptGroup,
+  type RecoveryGranularity,
+  type Sibling,
+  type TargetLevel,
+} from './ledger-shape.js';
 
-export const LEDGER_SCHEMA_VERSION = 1;
-
-export type AttemptStatus = 'reserved' | 'dispatched' | 'sealed' | 'failed' | 'abandoned';
-export type GroupStatus = 'generating' | 'ready_to_finalize' | 'consumed';
-export type RecoveryGranularity = 'sibling' | 'prompt_group';
-export type TargetLevel = 'turn' | 'sibling' | 'prompt_group';
-
-export interface Attempt {
-  /** Gym attempt number N: capture key `r` (N = 0) or `r-aN`. */
-  gym_attempt: number;
-  status: AttemptStatus;
-  /** Environment server that owns the attempt (a continued attempt must go back to it). */
-  gym_instance_id: string | null;
-  reward: number | null;
-  mask_sample: boolean | null;
-  /** Started from a restored boundary instead of from its input. */
-  continued: boolean;
-  reason?: string;
-}
-
-export interface Sibling {
-  generation_index: number;
-  rollout_id: string;
-  attempts: Attempt[];
-}
-
-export interface PromptGroup {
-  group_id: string;
-  prompt_id: string;
-  task_source: string;
-  environment: string;
-  recovery_granularity: RecoveryGranularity;
-  restore_level: TargetLevel;
-  expected_generations: number;
-  target_step: number;
-  status: GroupStatus;
-  siblings: Sibling[];
-  /** The sibling tasks to send, when not built from `task_ref` (small runs and tests). */
-  tasks: unknown[];
-  /** Where the group's tasks come from in the dataset (the sibling index is added per attempt). */
-  task_ref?: Omit<TaskRef, 'sibling'>;
-  /** Bumped when the whole cohort starts over, so a group-scored verifier sees a new cohort. */
-  cohort_attempt?: number;
-}
-
-export interface Ledger {
-  schema_version: number;
-  run: string;
-  /** Dataloader cursor: the next prompt group to reserve. */
-  cursor: number;
-  groups: Record<string, PromptGroup>;
-  /** Group IDs in reservation order (deterministic iteration). */
-  order: string[];
-}
-
-export class LedgerError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'LedgerError';
-  }
-}
+export * from './ledger-shape.js';
 
 export function emptyLedger(run: string): Ledger {
   return { schema_version: LEDGER_SCHEMA_VERSION, run, cursor: 0, groups: {}, order: [] };
