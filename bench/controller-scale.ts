@@ -3,8 +3,8 @@
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
 //   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N]
-// Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, and the
-// busiest workflow against Temporal's default limits.
+// Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, the
+// busiest workflow against Temporal's default limits, and why attempts failed (if any did).
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,6 +21,7 @@ import { onExit } from './lib/cleanup.js';
 import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { limitsOf } from './lib/workflow-limits.js';
+import { failedAttempts } from './lib/failed-attempts.js';
 import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
@@ -297,6 +298,15 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
   // The run, its shards and its checkpoint attempts against Temporal's default limits.
   const ids = [cfg.run.name, ...Array.from({ length: shardCount(cfg) }, (_, k) => shardWorkflowId(cfg.run.name, k)), ...attemptIds];
   const limits = await limitsOf(client, ids);
+  // Why attempts failed (each was retried): read from the server before it goes.
+  const failed = await failedAttempts(client, cfg.run.name).catch((err: unknown) => {
+    console.log(`  failed attempts: not readable (${String(err).slice(0, 200)})`);
+    return { listed: 0, read: 0, reasons: [] };
+  });
+  if (failed.listed > 0) {
+    console.log(`  failed attempts: ${failed.listed} listed, ${failed.read} read; their reasons:`);
+    for (const [reason, n] of failed.reasons.slice(0, 15)) console.log(`    ${String(n).padStart(5)}  ${reason}`);
+  }
   const row: Row = {
     rollouts,
     ...median,
