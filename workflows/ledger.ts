@@ -2,18 +2,8 @@
 // groups reserved, attempts dispatched, sealed, failed, continued or restarted. Pure functions on
 // plain data: each rollout shard holds its slice in its state and carries it across
 // continue-as-new; snapshots persist the slices as ledger parts.
-import type { TaskRef } from '../protocol/controller.js';
 import { captureKey, type CaptureKey, type EpisodeId } from '../protocol/episode-id.js';
-import {
-  LEDGER_SCHEMA_VERSION,
-  LedgerError,
-  type Attempt,
-  type Ledger,
-  type PromptGroup,
-  type RecoveryGranularity,
-  type Sibling,
-  type TargetLevel,
-} from './ledger-shape.js';
+import { LEDGER_SCHEMA_VERSION, LedgerError, type Attempt, type Ledger, type PromptGroup, type Sibling } from './ledger-shape.js';
 
 export * from './ledger-shape.js';
 
@@ -45,19 +35,14 @@ export function groupIdOfRollout(rolloutId: string): string {
   return rolloutId.slice(0, rolloutId.lastIndexOf('.g'));
 }
 
-export interface ReserveInput {
-  group_id: string;
-  prompt_id: string;
-  task_source: string;
-  environment: string;
-  recovery_granularity: RecoveryGranularity;
-  restore_level: TargetLevel;
-  target_step: number;
-  tasks: unknown[];
+/** What reserving a group takes: its identity and tasks, as the group keeps them. */
+export type ReserveInput = Pick<
+  PromptGroup,
+  'group_id' | 'prompt_id' | 'task_source' | 'environment' | 'recovery_granularity' | 'restore_level' | 'target_step' | 'tasks' | 'task_ref'
+> & {
   /** Group size when the tasks are referenced rather than listed. */
   size?: number;
-  task_ref?: Omit<TaskRef, 'sibling'>;
-}
+};
 
 /** Reserve: a new group with every sibling at a `reserved` first attempt. */
 export function reserveGroup(l: Ledger, g: ReserveInput): PromptGroup {

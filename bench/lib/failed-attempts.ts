@@ -4,6 +4,7 @@
 // the numbers in each reason (ports, IDs, milliseconds) blanked so that alike failures count as one.
 import type { Client } from '@temporalio/client';
 import type { RolloutReport } from '../../protocol/controller.js';
+import { runQueries } from '../../workflows/search-attributes.js';
 
 export interface FailedAttempts {
   /** How many the server lists (all of them, not only those read). */
@@ -14,7 +15,7 @@ export interface FailedAttempts {
 }
 
 export async function failedAttempts(client: Client, run: string, limit = 500): Promise<FailedAttempts> {
-  const query = `WorkflowType = 'rolloutAttempt' AND RunName = '${run}' AND RolloutStatus IN ('failed', 'timed_out', 'retired')`;
+  const query = runQueries(run).unfinishedAttempts;
   const { count: listed } = await client.workflow.count(query);
   const counts = new Map<string, number>();
   let read = 0;
