@@ -181,10 +181,12 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
         workflowBundle: attemptBundle,
         activities: { runEpisode: activities.runEpisode },
         maxConcurrentWorkflowTaskExecutions: 64,
-        // An attempt waits on its `/run` nearly all its life, and its history is a dozen events:
-        // replaying it when its `/run` ends is cheap, and thousands of idle attempts held in the
-        // cache cost the worker's memory (docs/performance.md, controller-scale at 8,000).
-        maxCachedWorkflows: 1_000,
+        // No cache, so no sticky queue: an attempt's history is a dozen events, replayed whole at
+        // each of its few tasks. With a sticky queue the SDK polls the shared queue with a fifth
+        // of its pollers, and every attempt's first task and (once evicted) its last come there:
+        // dispatch and the finish after a checkpoint's release waited on those few pollers, and
+        // a released burst's tasks timed out on the sticky queue first (docs/performance.md).
+        maxCachedWorkflows: 0,
         // A `/run`'s activity holds its slot only until it hands the call to the run keeper.
         maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
         maxConcurrentActivityTaskPolls: 20,

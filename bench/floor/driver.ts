@@ -31,7 +31,8 @@ export async function startFloorWorkers(address: string, controlToken: string, m
     taskQueue,
     workflowBundle: await bundleWorkflowCode({ workflowsPath: WORKFLOWS, logger: undefined }),
     maxConcurrentWorkflowTaskExecutions: 64,
-    maxCachedWorkflows: 4_000,
+    // As the controller's attempt workflows (worker.ts): no cache, every poller on the shared queue.
+    maxCachedWorkflows: 0,
   });
   const runs = await Worker.create({
     connection,
