@@ -22,6 +22,7 @@ import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/hist
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { limitsOf } from './lib/workflow-limits.js';
 import { failedAttempts } from './lib/failed-attempts.js';
+import { logTails } from './lib/log-tails.js';
 import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
@@ -151,6 +152,7 @@ async function world(rollouts: number, tag: string, workers = 1) {
     backend,
     client: new Client({ connection }),
     cfg: scaleConfig(rollouts, dir),
+    gymRunDir: join(dir, 'gym'),
     modelCalls: async () => ((await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number }).count,
     async teardown() {
       await connection.close();
@@ -220,7 +222,7 @@ async function floorDispatchSeconds(rollouts: number): Promise<number> {
 
 async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean, gymWorkers: number): Promise<Row> {
   const floorS = withFloor ? await floorDispatchSeconds(rollouts) : Number.NaN;
-  const { server, backend, client, cfg, modelCalls, teardown } = await world(rollouts, 'controller', gymWorkers);
+  const { server, backend, client, cfg, modelCalls, teardown, gymRunDir } = await world(rollouts, 'controller', gymWorkers);
   // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
   // leave the rest unstarted (and the bench waiting for their model calls forever).
   const workers = await createControllerWorkers({
@@ -306,6 +308,10 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
   if (failed.listed > 0) {
     console.log(`  failed attempts: ${failed.listed} listed, ${failed.read} read; their reasons:`);
     for (const [reason, n] of failed.reasons.slice(0, 15)) console.log(`    ${String(n).padStart(5)}  ${reason}`);
+    for (const { server, tail } of await logTails(gymRunDir)) {
+      console.log(`  ${server}'s log, last ${tail.length} lines:`);
+      for (const line of tail) console.log(`    ${line.slice(0, 400)}`);
+    }
   }
   const row: Row = {
     rollouts,
