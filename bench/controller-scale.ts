@@ -14,6 +14,7 @@ import { RunConfigSchema } from '../protocol/run-config.js';
 import { startRun } from '../scripts/run.js';
 import { freePort, startDevServer } from '../scripts/temporal-dev.mjs';
 import { downDeployment, readEndpoints, upDeployment } from '../servers/launcher/launcher.js';
+import { logPath, logTail } from '../servers/launcher/run-dir.js';
 import { createControllerWorkers } from '../worker.js';
 import { checkpointWorkflowId } from '../workflows/checkpointAttempt.js';
 import { checkpointNow, runStatus } from '../workflows/messages.js';
@@ -22,7 +23,6 @@ import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/hist
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { limitsOf } from './lib/workflow-limits.js';
 import { failedAttempts } from './lib/failed-attempts.js';
-import { logTails } from './lib/log-tails.js';
 import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
@@ -222,7 +222,7 @@ async function floorDispatchSeconds(rollouts: number): Promise<number> {
 
 async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean, gymWorkers: number): Promise<Row> {
   const floorS = withFloor ? await floorDispatchSeconds(rollouts) : Number.NaN;
-  const { server, backend, client, cfg, modelCalls, teardown, gymRunDir } = await world(rollouts, 'controller', gymWorkers);
+  const { server, endpoints, backend, client, cfg, modelCalls, teardown, gymRunDir } = await world(rollouts, 'controller', gymWorkers);
   // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
   // leave the rest unstarted (and the bench waiting for their model calls forever).
   const workers = await createControllerWorkers({
@@ -308,9 +308,10 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
   if (failed.listed > 0) {
     console.log(`  failed attempts: ${failed.listed} listed, ${failed.read} read; their reasons:`);
     for (const [reason, n] of failed.reasons.slice(0, 15)) console.log(`    ${String(n).padStart(5)}  ${reason}`);
-    for (const { server, tail } of await logTails(gymRunDir)) {
-      console.log(`  ${server}'s log, last ${tail.length} lines:`);
-      for (const line of tail) console.log(`    ${line.slice(0, 400)}`);
+    // The servers run at LOG_LEVEL=error: what their logs hold is why.
+    for (const name of Object.keys(endpoints)) {
+      const tail = logTail(logPath(gymRunDir, name), 0, 20);
+      if (tail !== '(empty)' && tail !== '(no log)') console.log(`  ${name}'s log, last lines:\n${tail.replace(/^/gm, '    ')}`);
     }
   }
   const row: Row = {

@@ -2,7 +2,7 @@
 // server, each running `servers/main.ts` on a port fixed at `up`, detached so it outlives the
 // caller (the `gym` CLI exits while the servers run). The inference backend is not part of Gym:
 // `kill` leaves it running and `restart` reuses it, as after a real Gym crash.
-import { closeSync, mkdirSync, openSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, statSync, writeFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../common/config-error.js';
@@ -17,6 +17,7 @@ import {
   endpointsPath,
   hasRunState,
   logPath,
+  logTail,
   LOGS_DIR,
   readRunState,
   writeJsonAtomic,
@@ -286,19 +287,4 @@ function startServer(runDir: string, state: RunState, name: string, env: NodeJS.
 
 function stopNames(state: RunState, names: string[], graceMs: number): Promise<unknown> {
   return Promise.all(names.map((name) => stopGroup(state.servers[name]!.pid, name, graceMs)));
-}
-
-function logTail(file: string, from: number, lines = 40): string {
-  try {
-    const text = readFileSync(file).subarray(from).toString('utf8');
-    return (
-      text
-        .split('\n')
-        .slice(-lines - 1)
-        .join('\n')
-        .trimEnd() || '(empty)'
-    );
-  } catch {
-    return '(no log)';
-  }
 }

@@ -38,6 +38,22 @@ export const deploymentPath = (runDir: string): string => join(runDir, DEPLOYMEN
 export const statePath = (runDir: string): string => join(runDir, STATE_FILE);
 export const logPath = (runDir: string, name: string): string => join(runDir, LOGS_DIR, `${name}.log`);
 
+/** The last `lines` lines of a server's log from byte `from` on; '(empty)' or '(no log)' when there are none. */
+export function logTail(file: string, from = 0, lines = 40): string {
+  try {
+    const text = readFileSync(file).subarray(from).toString('utf8');
+    return (
+      text
+        .split('\n')
+        .slice(-lines - 1)
+        .join('\n')
+        .trimEnd() || '(empty)'
+    );
+  } catch {
+    return '(no log)';
+  }
+}
+
 /** Write-then-rename, so a reader (or a crash) never sees half a file. */
 export function writeJsonAtomic(file: string, value: unknown): void {
   const tmp = `${file}.${process.pid}.tmp`;
