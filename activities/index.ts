@@ -3,6 +3,7 @@
 import type { Agent } from 'undici';
 import type { ActivityLog } from './activity-context.js';
 import type { RunKeeper } from './run-keeper.js';
+import { createAttemptStartActivities } from './attempt-starts.js';
 import { createControlPool, type ControlPoolOptions } from './control-client.js';
 import { createControllerFileActivities } from './controller-files.js';
 import { createGymActivities } from './gym.js';
@@ -46,6 +47,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createControllerFileActivities(),
     ...createMetricsActivities(),
     ...createLoaderActivities(),
+    ...createAttemptStartActivities(),
     ...createTrainerActivities({ ...(deps.log ? { log: deps.log } : {}), ...deps.trainer }),
   };
 }
@@ -65,5 +67,6 @@ export type {
   GymRetireInput,
   GymRetireOutcome,
 } from './gym.js';
+export type { AttemptStart, StartRolloutAttemptsInput, StartRolloutAttemptsOutcome } from './attempt-starts.js';
 export type { LoadPromptGroupsInput, LoadedPromptGroup, LoadedPromptGroups } from './loader.js';
 export type { LatestSnapshot, SkippedSnapshot } from './snapshots.js';

@@ -1,6 +1,7 @@
 // One physical rollout attempt: POST `/run` to the environment server and map its reply to a
 // RolloutReport. `/run` lasts minutes to hours, so it gets its own undici pool without the 300 s
 // header/body timeouts; heartbeats carry cancellation to the call, which aborts the request.
+import { type Client, WorkflowNotFoundError } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import { Agent, type Dispatcher, request } from 'undici';
 import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef } from '../protocol/controller.js';
@@ -13,6 +14,7 @@ import { activityContext, clip, errorMessage, heartbeating, invariantFailure } f
 import type { RunKeeper } from './run-keeper.js';
 import { joinUrl } from './control-client.js';
 import { traceHeaders } from '../servers/common/tracing.js';
+import { rolloutFinished } from '../workflows/messages.js';
 
 /** Wait before retrying a `/run` refused with `admission_closed` (a checkpoint is open). */
 export const ADMISSION_CLOSED_RETRY_DELAY = '2s';
@@ -148,15 +150,48 @@ export function createRolloutActivities(runPool: Dispatcher, keeper?: RunKeeper)
       };
       // A reply that arrived is reported even if cancellation raced it: the attempt is over either way.
       const report = (reply: { status: number; body: unknown }): RolloutReport => reportOfReply(input, reply.status, reply.body, (Date.now() - start) / 1000);
+      // A completed rollout's report goes to its shard from here (`reportTo`), so its attempt
+      // workflow ends in the task that receives it, without a task to signal and one more to see the
+      // signal through: a third of the attempt's workflow tasks.
+      const reportTo = input.reportTo;
+      const deliver = reportTo ? (client: Client, r: unknown) => deliverReport(client, reportTo, r as RolloutReport) : undefined;
       const ctx = keeper ? activityContext() : undefined;
-      const handedOver = ctx ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal))) : undefined;
+      const handedOver = ctx ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal)), deliver) : undefined;
       if (handedOver) throw handedOver;
-      return report(await heartbeating({ captureKey: key }, post));
+      const r = report(await heartbeating({ captureKey: key }, post));
+      const client = deliver && workerClient();
+      return client ? deliver(client, r) : r;
     },
   };
 }
 
 export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
+
+/**
+ * Signals a completed report to its shard and marks it `reported` (the attempt does not send it
+ * again). Any other report is left to the attempt, which retires the attempt first. A shard that is
+ * gone leaves the report to the attempt too; other failures are retried by the caller (a second
+ * signal of the same report is a duplicate the shard ignores).
+ */
+export async function deliverReport(client: Client, reportTo: string, report: RolloutReport): Promise<RolloutReport> {
+  if (report.status !== 'completed') return report;
+  try {
+    await client.workflow.getHandle(reportTo).signal(rolloutFinished, report);
+  } catch (err) {
+    if (err instanceof WorkflowNotFoundError) return report;
+    throw err;
+  }
+  return { ...report, reported: true };
+}
+
+/** The worker's client in this activity; none in a mock environment. */
+function workerClient(): Client | undefined {
+  try {
+    return activityContext()?.client;
+  } catch {
+    return undefined;
+  }
+}
 
 /** Builds a sibling's task from its dataset reference (deterministic: the same task every time). */
 export function taskFromRef(ref: TaskRef): Task {

@@ -53,6 +53,8 @@ interface Held {
   notBefore: number;
   retryDelayMs: number;
   details: unknown;
+  /** Runs before the completion is sent (once it succeeds, not again): its value is the result sent. */
+  beforeComplete: ((client: Client, result: unknown) => Promise<unknown>) | undefined;
 }
 
 export interface RunKeeperOptions {
@@ -102,11 +104,18 @@ export class RunKeeper {
 
   /**
    * Takes over the activity of `ctx`: runs `work` (its abort signal fires on the server's
-   * cancellation or the worker's shutdown) and reports its outcome. Returns the error the activity
-   * throws so that the SDK completes nothing itself; `undefined` when the context has no client or
-   * no heartbeat timeout (a mock environment, a local activity): the caller runs the work itself.
+   * cancellation or the worker's shutdown) and reports its outcome; `beforeComplete` runs just
+   * before a result is sent (rollouts.ts: the report's signal to its shard) and gives the result
+   * sent. Returns the error the activity throws so that the SDK completes nothing itself;
+   * `undefined` when the context has no client or no heartbeat timeout (a mock environment, a local
+   * activity): the caller runs the work itself.
    */
-  adopt(ctx: Context, details: unknown, work: (signal: AbortSignal) => Promise<unknown>): CompleteAsyncError | undefined {
+  adopt(
+    ctx: Context,
+    details: unknown,
+    work: (signal: AbortSignal) => Promise<unknown>,
+    beforeComplete?: (client: Client, result: unknown) => Promise<unknown>,
+  ): CompleteAsyncError | undefined {
     let client: Client;
     try {
       client = ctx.client;
@@ -131,6 +140,7 @@ export class RunKeeper {
       notBefore: 0,
       retryDelayMs: RETRY_DELAY_MS,
       details,
+      beforeComplete,
     };
     h.beatDue = nextBeat(h);
     this.held.add(h);
@@ -243,7 +253,7 @@ export class RunKeeper {
     const sentAt = Date.now();
     h.busy = true;
     this.inFlight++;
-    const call = what === 'beat' ? client.activity.heartbeat(h.token, h.details) : this.tell(client, h.token, h.outcome!);
+    const call = what === 'beat' ? client.activity.heartbeat(h.token, h.details) : this.tell(client, h);
     call
       .then(
         () => {
@@ -264,9 +274,16 @@ export class RunKeeper {
       });
   }
 
-  private tell(client: Client, token: Uint8Array, outcome: Outcome): Promise<void> {
+  private async tell(client: Client, h: Held): Promise<void> {
+    const outcome = h.outcome!;
+    const token = h.token;
     switch (outcome.kind) {
       case 'complete':
+        if (h.beforeComplete) {
+          // Within the window like the completion itself; a retry of a failed completion does not repeat it.
+          outcome.result = await h.beforeComplete(client, outcome.result);
+          h.beforeComplete = undefined;
+        }
         return client.activity.complete(token, outcome.result);
       case 'fail':
         return client.activity.fail(token, outcome.error);

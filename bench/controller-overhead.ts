@@ -21,7 +21,7 @@
 // workers, beyond the plain driver's), and where the CPU went (Temporal server, this process =
 // driver or workers, Gym).
 // And where a rollout's time goes under the controller, from the histories of a sample of its
-// rollout workflows (child start, first task, task queue, the `/run` itself, the report) and of
+// rollout workflows (its start, first task, task queue, the `/run` itself, the report) and of
 // the run (its workflow tasks: every dispatch and every report goes through them, one at a time).
 // --token-delay-ms makes the backend wait per generated token: longer rollouts, the same work.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -30,6 +30,8 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { Client, Connection } from '@temporalio/client';
+import { defaultPayloadConverter } from '@temporalio/common';
+import type { StartRolloutAttemptsInput } from '../activities/attempt-starts.js';
 import { discover, forget } from '../activities/coordination.js';
 import { createControlPool } from '../activities/control-client.js';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
@@ -84,23 +86,23 @@ interface Lifecycle {
   run_wft_queued_s: number;
   run_wft_busy_s: number;
   sampled: number;
-  /** The run asked to start the child → the child's execution started. */
-  start_child_s: number;
-  /** Child started → its `/run` activity scheduled (the child's first workflow task). */
+  /** Its shard asked for its start (the start activity scheduled) → the attempt's execution started. */
+  start_s: number;
+  /** Attempt started → its `/run` activity scheduled (the attempt's first workflow task). */
   first_task_s: number;
   /** Activity scheduled → picked up by the rollout worker (task queue latency). */
   queue_s: number;
   /** The `/run` itself (activity started → completed). */
   run_s: number;
-  /** Activity completed → child completed (report signal to the run, last workflow task). */
+  /** Activity completed → attempt completed (report signal to its shard, last workflow task). */
   report_s: number;
-  /** Start asked → child completed. */
+  /** Start asked → attempt completed. */
   total_s: number;
 }
 
 const tsMs = eventMs;
 
-/** Up to `sample` rollout children of the run's shards, evenly spread, timed from their histories. */
+/** Up to `sample` rollout attempts of the run's shards, evenly spread, timed from their histories. */
 async function lifecycle(client: Client, runName: string, shards: number, rolloutIds: readonly string[], sample: number): Promise<Lifecycle> {
   // The run's own workflow tasks: every dispatch and every report goes through one of them, in turn.
   const wft = { count: 0, queued: 0, busy: 0 };
@@ -110,18 +112,20 @@ async function lifecycle(client: Client, runName: string, shards: number, rollou
     wft.queued += times.queuedMs;
     wft.busy += times.busyMs;
   }
-  // The shards start the attempts.
+  // The shards start the attempts, in batches by an activity (workflows/shard/dispatch.ts).
   const initiated = new Map<string, number>();
   for (let k = 0; k < shards; k++) {
     for (const h of await executions(client, shardWorkflowId(runName, k))) {
       for (const e of h.events ?? []) {
-        const a = e.startChildWorkflowExecutionInitiatedEventAttributes;
-        if (a?.workflowId) initiated.set(a.workflowId, tsMs(e.eventTime));
+        const a = e.activityTaskScheduledEventAttributes;
+        if (a?.activityType?.name !== 'startRolloutAttempts' || !a.input?.payloads?.[0]) continue;
+        const batch = defaultPayloadConverter.fromPayload<StartRolloutAttemptsInput>(a.input.payloads[0]);
+        for (const s of batch.starts) initiated.set(s.workflowId, tsMs(e.eventTime));
       }
     }
   }
   const step = Math.max(1, Math.floor(rolloutIds.length / sample));
-  const acc = { start_child_s: 0, first_task_s: 0, queue_s: 0, run_s: 0, report_s: 0, total_s: 0 };
+  const acc = { start_s: 0, first_task_s: 0, queue_s: 0, run_s: 0, report_s: 0, total_s: 0 };
   let n = 0;
   for (let i = 0; i < rolloutIds.length && n < sample; i += step) {
     const id = rolloutWorkflowId(runName, { rollout_id: rolloutIds[i]!, attempt: 0 });
@@ -137,7 +141,7 @@ async function lifecycle(client: Client, runName: string, shards: number, rollou
     }
     const asked = initiated.get(id);
     if (asked === undefined || Object.keys(at).length < 5) continue;
-    acc.start_child_s += at.started! - asked;
+    acc.start_s += at.started! - asked;
     acc.first_task_s += at.scheduled! - at.started!;
     acc.queue_s += at.activityStarted! - at.scheduled!;
     acc.run_s += at.activityDone! - at.activityStarted!;
@@ -151,7 +155,7 @@ async function lifecycle(client: Client, runName: string, shards: number, rollou
     run_wft_queued_s: round3(wft.count ? wft.queued / wft.count / 1000 : 0),
     run_wft_busy_s: round3(wft.count ? wft.busy / wft.count / 1000 : 0),
     sampled: n,
-    start_child_s: f(acc.start_child_s),
+    start_s: f(acc.start_s),
     first_task_s: f(acc.first_task_s),
     queue_s: f(acc.queue_s),
     run_s: f(acc.run_s),
@@ -370,7 +374,7 @@ async function main(): Promise<void> {
   const workerExtra = median(ctl.map((r) => Number(r.process_cpu_s))) - median(plain.map((r) => Number(r.process_cpu_s)));
   console.log('');
   printTable(rows);
-  console.log('\na rollout in the controller (means over sampled children, from their histories):');
+  console.log('\na rollout in the controller (means over sampled attempts, from their histories):');
   printTable(lifecycles.map((l, k) => ({ controller_run: k + 1, ...l })));
   const life = lifecycles[0];
   // Of a rollout's time under the controller, the part that is not its `/run`.

@@ -136,6 +136,8 @@ export interface RunEpisodeInput {
   taskRef?: TaskRef;
   /** The environment process the attempt belongs to; a fresh process refuses with `instance_mismatch`. */
   expectedInstance?: string;
+  /** The workflow (the attempt's shard) the activity signals a completed report to itself. */
+  reportTo?: string;
 }
 
 /** What a rollout attempt reports to the training run. */
@@ -151,6 +153,8 @@ export interface RolloutReport {
   /** The result as returned by the environment (kept small: reward and a few fields). */
   result?: Record<string, unknown> | null;
   seconds: number;
+  /** The `/run` activity signalled this report to the shard already (activities/rollouts.ts). */
+  reported?: true;
 }
 
 export interface SnapshotLocation {

@@ -77,6 +77,20 @@ export function controlActivities(placement: ActivityPlacement): Activities {
 }
 
 /**
+ * A shard's batch of attempt starts (activities/attempt-starts.ts): retried until it goes through,
+ * since the attempts are in the shard's ledger as dispatched already; each try restarts only what
+ * had not started (a start of an ID that exists is refused, and counted as started).
+ */
+export function attemptStartActivities(placement: ActivityPlacement): Activities {
+  return proxy(placement, {
+    startToCloseTimeout: '5 minutes',
+    // It beats after each start: a worker that dies in the middle of a batch is noticed in seconds.
+    heartbeatTimeout: '15 seconds',
+    retry: { initialInterval: '500 ms', backoffCoefficient: 2, maximumInterval: '10 seconds', nonRetryableErrorTypes },
+  });
+}
+
+/**
  * Discovery while the run waits for Gym to come back after a crash: retried with backoff for as
  * long as the run waits (`controller.gym_recovery_timeout_s`); each try shows in the UI as the
  * pending activity's attempt and last failure. Refusals (a deployment without a model…) end it.

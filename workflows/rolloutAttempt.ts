@@ -2,7 +2,8 @@
 // attempt's capture key; when its deadline fires (the run keeps the clocks and signals us) or the
 // run fails, the attempt is retired everywhere, caller first, BEFORE we report — so nothing of it
 // runs on. The report goes to the attempt's rollout shard by workflow ID (which survives the
-// shard's continue-as-new); the shard relays it to the run in a batch.
+// shard's continue-as-new); the shard relays it to the run in a batch. A completed `/run`'s report
+// is signalled by the activity itself (nothing to retire first), which saves the attempt a task.
 import { CancellationScope, condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep, upsertSearchAttributes } from '@temporalio/workflow';
 import type { GymTopology, RolloutReport, TaskRef } from '../protocol/controller.js';
 import { captureKey, type EpisodeId } from '../protocol/episode-id.js';
@@ -59,6 +60,7 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
         episode: input.episode,
         ...(input.taskRef ? { taskRef: input.taskRef } : { task: input.task }),
         ...(input.expectedInstance ? { expectedInstance: input.expectedInstance } : {}),
+        reportTo: input.reportTo,
       },
     ]),
   );
@@ -97,7 +99,12 @@ export async function rolloutAttempt(input: RolloutAttemptInput): Promise<Rollou
   }
   // Status and reward in the workflow list (the Temporal UI, the chaos checks), without opening each one.
   upsertSearchAttributes([{ key: ROLLOUT_STATUS, value: report.status }, ...(report.reward !== null ? [{ key: ROLLOUT_REWARD, value: report.reward }] : [])]);
-  await getExternalWorkflowHandle(input.reportTo).signal(rolloutFinished, report);
+  // A completed `/run` signalled its report itself (activities/rollouts.ts): the attempt ends here,
+  // unless it was told to stop, when its shard holds that report until it hears the attempt's own.
+  if (!report.reported || stopped !== undefined) {
+    const { reported: _activitySent, ...own } = report;
+    await getExternalWorkflowHandle(input.reportTo).signal(rolloutFinished, own);
+  }
   return report;
 }
 

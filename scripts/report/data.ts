@@ -3,6 +3,7 @@
 // ReportData, rounded for display. Pure: fetch.ts does the I/O, html.ts draws the page. Events are
 // taken in either form Temporal gives them: the SDK's decoded protobufs (fetchHistory) or their
 // JSON (`temporal workflow show -o json`, the golden histories of test/workflows/histories).
+import type { StartRolloutAttemptsInput } from '../../activities/attempt-starts.js';
 import { type CheckpointOutcome, outcomeKey, type RolloutReport } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import type { RunStatus, ShardAnswer, ShardRequest } from '../../workflows/messages.js';
@@ -31,6 +32,7 @@ export interface HistoryEventLike {
   workflowExecutionTimedOutEventAttributes?: object | null;
   workflowExecutionContinuedAsNewEventAttributes?: { input?: PayloadsLike | null } | null;
   startChildWorkflowExecutionInitiatedEventAttributes?: { workflowId?: string | null; workflowType?: Named } | null;
+  activityTaskScheduledEventAttributes?: { activityType?: Named; input?: PayloadsLike | null } | null;
   workflowExecutionSignaledEventAttributes?: { signalName?: string | null; input?: PayloadsLike | null } | null;
   signalExternalWorkflowExecutionInitiatedEventAttributes?: { signalName?: string | null; input?: PayloadsLike | null } | null;
 }
@@ -417,7 +419,7 @@ function inFlightOf(starts: number[], ends: number[], t0: number): Point[] {
 }
 
 /**
- * From the shards' histories: a rollout attempt dispatched is a `rolloutAttempt` child started;
+ * From the shards' histories: a rollout attempt dispatched is one in a `startRolloutAttempts` batch;
  * one completed is a `rolloutFinished` report with status completed (the shard's view, the one
  * that counts for training). Each capture key once.
  */
@@ -427,8 +429,11 @@ function timelineOf(shards: WorkflowChain[], t0: number): ReportData['timeline']
   for (const shard of shards) {
     for (const events of shard.executions) {
       for (const e of events) {
-        const child = e.startChildWorkflowExecutionInitiatedEventAttributes;
-        if (child?.workflowType?.name === 'rolloutAttempt' && child.workflowId && !started.has(child.workflowId)) started.set(child.workflowId, eventMs(e));
+        const starts = e.activityTaskScheduledEventAttributes;
+        if (starts?.activityType?.name === 'startRolloutAttempts') {
+          const batch = first(starts.input) as StartRolloutAttemptsInput | undefined;
+          for (const a of batch?.starts ?? []) if (!started.has(a.workflowId)) started.set(a.workflowId, eventMs(e));
+        }
         const sig = e.workflowExecutionSignaledEventAttributes;
         if (sig?.signalName === 'rolloutFinished') {
           const r = first(sig.input) as RolloutReport | undefined;

@@ -105,6 +105,14 @@ const started = (s: number, input: unknown, continuedExecutionRunId = '') =>
   ev(s, { workflowExecutionStartedEventAttributes: { input: payloads(input), continuedExecutionRunId } });
 const child = (s: number, type: string, workflowId: string) =>
   ev(s, { startChildWorkflowExecutionInitiatedEventAttributes: { workflowId, workflowType: { name: type } } });
+/** A shard's batch of attempt starts (its `startRolloutAttempts` activity scheduled). */
+const attemptsStarted = (s: number, ...ids: string[]) =>
+  ev(s, {
+    activityTaskScheduledEventAttributes: {
+      activityType: { name: 'startRolloutAttempts' },
+      input: payloads({ run: RUN, taskQueue: 'q', starts: ids.map((id) => ({ workflowId: `${RUN}/rollout/${id}` })) }),
+    },
+  });
 const signalled = (s: number, signalName: string, input: unknown) =>
   ev(s, { workflowExecutionSignaledEventAttributes: { signalName, input: payloads(input) } });
 const signalOut = (s: number, signalName: string, input: unknown) =>
@@ -179,11 +187,11 @@ function handMade(): { run: WorkflowChain; shards: WorkflowChain[] } {
   const shard0: WorkflowChain = {
     workflowId: `${RUN}/shard/0`,
     executions: [
-      [child(1, 'rolloutAttempt', `${RUN}/rollout/a`), child(1, 'rolloutAttempt', `${RUN}/rollout/b`), report(3, 'a', 'completed'), report(3.5, 'b', 'failed')],
-      [child(8, 'rolloutAttempt', `${RUN}/rollout/b-a1`), report(8.5, 'a', 'completed'), report(9, 'b-a1', 'completed')],
+      [attemptsStarted(1, 'a', 'b'), report(3, 'a', 'completed'), report(3.5, 'b', 'failed')],
+      [attemptsStarted(8, 'b-a1'), report(8.5, 'a', 'completed'), report(9, 'b-a1', 'completed')],
     ],
   };
-  const shard1: WorkflowChain = { workflowId: `${RUN}/shard/1`, executions: [[child(1.2, 'rolloutAttempt', `${RUN}/rollout/c`)]] };
+  const shard1: WorkflowChain = { workflowId: `${RUN}/shard/1`, executions: [[attemptsStarted(1.2, 'c')]] };
   return { run, shards: [shard0, shard1] };
 }
 

@@ -114,6 +114,37 @@ describe('RunKeeper', () => {
     expect(keeper.stats()).toMatchObject({ completed: 1, notFound: 1, retried: 1 });
   });
 
+  it('runs beforeComplete just before the completion, which carries its value; a completion sent again does not run it twice', async () => {
+    const fake = fakeClient();
+    const keeper = new RunKeeper({ window: 1, log: quiet });
+    const before: unknown[] = [];
+    let failOnce = true;
+    keeper.adopt(
+      ctxOf(fake.client, 'r'),
+      {},
+      async () => ({ n: 1 }),
+      async (client, result) => {
+        expect(client).toBe(fake.client);
+        before.push(result);
+        if (failOnce) {
+          failOnce = false;
+          throw new Error('signal: unavailable');
+        }
+        return { ...(result as object), reported: true };
+      },
+    );
+    // The first try failed before any completion was sent: sent again after the backoff, with it.
+    await waitFor('the completion', () => fake.calls.length === 1);
+    expect(fake.calls[0]).toMatchObject({ what: 'complete', token: 'r', value: { n: 1, reported: true } });
+    fake.calls[0]!.settle(new ActivityCompletionError('context deadline exceeded'));
+    await waitFor('the completion sent again', () => fake.calls.length === 2);
+    expect(fake.calls[1]).toMatchObject({ what: 'complete', value: { n: 1, reported: true } });
+    fake.calls[1]!.settle();
+    await keeper.shutdown(1_000);
+    expect(before).toEqual([{ n: 1 }, { n: 1 }]);
+    expect(keeper.stats()).toMatchObject({ completed: 1, retried: 2 });
+  });
+
   it('beats a held /run once per half to 0.7 of its heartbeat timeout, counted from when each beat went out', async () => {
     const fake = fakeClient(() => undefined);
     const keeper = new RunKeeper({ scanMs: 10, log: quiet });

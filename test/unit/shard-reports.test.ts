@@ -85,6 +85,49 @@ describe('applyReports', () => {
     expect(st.completed).toBe(0);
   });
 
+  it('a completed report its /run sent for an attempt told to stop waits for the attempt’s own: a retired one is charged, not sealed', () => {
+    const st = runWithGroup(1);
+    const key = 'reports.p0.g0';
+    st.inFlight[key]!.stopSignalled = true;
+    st.reports = [report(ep(key), { reported: true })];
+    applyReports(st, cfg);
+    expect(st.completed).toBe(0);
+    expect(st.inFlight[key]?.heldReport).toMatchObject({ status: 'completed', reported: true });
+    expect(L.currentAttempt(st.ledger.groups['reports.p0']!.siblings[0]!)).toMatchObject({ status: 'dispatched' });
+    // The attempt retired itself (its deadline) and says so: that decides; the held report is dropped.
+    st.reports = [report(ep(key), { status: 'timed_out', reward: null, reason: 'rollout deadline expired' })];
+    applyReports(st, cfg);
+    expect(st.inFlight[key]).toBeUndefined();
+    expect(st).toMatchObject({ completed: 0, failed: 1 });
+    expect(L.currentAttempt(st.ledger.groups['reports.p0']!.siblings[0]!)).toMatchObject({ gym_attempt: 1, status: 'reserved' });
+  });
+
+  it('the attempt’s own completed report after a held one seals it once; a stop that never reached it lets the held one count', () => {
+    const st = runWithGroup(2);
+    const [k0, k1] = ['reports.p0.g0', 'reports.p0.g1'];
+    st.inFlight[k0]!.stopSignalled = true;
+    st.inFlight[k1]!.stopSignalled = true;
+    st.reports = [report(ep(k0), { reported: true }), report(ep(k1), { reported: true })];
+    applyReports(st, cfg);
+    expect(st.completed).toBe(0);
+    // k0 saw the stop only after its `/run` completed: it did not retire, and reports its result itself.
+    st.reports = [report(ep(k0))];
+    // k1 had ended: the stop signal failed (shard/stops.ts marks the flight, and re-queues what it held).
+    st.inFlight[k1]!.stopUndelivered = true;
+    st.reports.push(st.inFlight[k1]!.heldReport!);
+    applyReports(st, cfg);
+    expect(st).toMatchObject({ completed: 2, failed: 0, inFlight: {} });
+    for (const s of st.ledger.groups['reports.p0']!.siblings) expect(L.currentAttempt(s)).toMatchObject({ status: 'sealed', reward: 0.5 });
+  });
+
+  it('a failure reported for an attempt already sealed changes nothing', () => {
+    const st = runWithGroup(1);
+    st.reports = [report(ep('reports.p0.g0'), { reported: true }), failed(ep('reports.p0.g0'))];
+    applyWithGymUp(st);
+    expect(st).toMatchObject({ completed: 1, failed: 0 });
+    expect(L.currentAttempt(st.ledger.groups['reports.p0']!.siblings[0]!)).toMatchObject({ gym_attempt: 0, status: 'sealed' });
+  });
+
   it('the report of a superseded attempt changes nothing', () => {
     const st = runWithGroup(1);
     st.reports = [failed(ep('reports.p0.g0'))];

@@ -6,7 +6,9 @@ import { createHash } from 'node:crypto';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Activities } from '../../activities/index.js';
+import { createAttemptStartActivities } from '../../activities/attempt-starts.js';
 import { writeBatchPart, writeLedgerPart } from '../../activities/controller-files.js';
+import { deliverReport } from '../../activities/rollouts.js';
 import { isPackedJson, unpackJson } from '../../protocol/packed-json.js';
 import type {
   CheckpointOutcome,
@@ -378,7 +380,9 @@ export class FakeGym {
           const seconds = (Date.now() - started) / 1000;
           if (typeof reward !== 'number')
             return { captureKey: key, episode: input.episode, status: 'failed', reward: null, terminal: false, reason: reward.failure, result: null, seconds };
-          return { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds };
+          const done: RolloutReport = { captureKey: key, episode: input.episode, status: 'completed', reward, terminal: false, result: { reward }, seconds };
+          // As the controller's own `/run` activity: a completed report goes to its shard from here.
+          return input.reportTo ? await deliverReport(ctx.client, input.reportTo, done) : done;
         } finally {
           this.runWaiters.delete(key);
           this.runRetirers.delete(key);
@@ -459,6 +463,8 @@ export class FakeGym {
       appendCheckpointMetrics: async (input) => {
         this.metrics.push(input.outcome);
       },
+      // The controller's own: it starts the attempt workflows on the test server.
+      ...createAttemptStartActivities(),
     };
     return acts;
   }

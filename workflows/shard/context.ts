@@ -4,7 +4,14 @@
 import { workflowInfo } from '@temporalio/workflow';
 import type { FileDigest } from '../../protocol/controller.js';
 import type { PackedJson } from '../../protocol/packed-json.js';
-import { controlActivities, gymProbeActivities, storageLocalActivities, type Activities, type LocalActivities } from '../activities-proxy.js';
+import {
+  attemptStartActivities,
+  controlActivities,
+  gymProbeActivities,
+  storageLocalActivities,
+  type Activities,
+  type LocalActivities,
+} from '../activities-proxy.js';
 import type { Holds } from '../messages.js';
 import type { RolloutAttemptInput } from '../rolloutAttempt.js';
 import type { InFlight, ShardState } from './state.js';
@@ -40,6 +47,7 @@ export interface RolloutShardInput {
 export class ShardContext {
   readonly selfId = workflowInfo().workflowId;
   readonly control: Activities;
+  readonly starts: Activities;
   readonly gymProbe: Activities;
   readonly files: LocalActivities;
   /** Something happened the main loop must look at. */
@@ -63,6 +71,7 @@ export class ShardContext {
   ) {
     const placement = { taskQueue: input.attempts.controlTaskQueue, scheduleToStartTimeoutS: input.attempts.scheduleToStartTimeoutS };
     this.control = controlActivities(placement);
+    this.starts = attemptStartActivities(placement);
     this.gymProbe = gymProbeActivities(placement);
     this.files = storageLocalActivities();
   }

@@ -1,21 +1,23 @@
 // A shard's dispatch: the attempts its ledger has reserved (new groups, live-failure retries,
-// recoveries) started as rollout attempt workflows, its own children, while the run holds no
-// admission; and `forget` of the rollouts finished for good.
-import { WorkflowExecutionAlreadyStartedError } from '@temporalio/common';
-import { ApplicationFailure, ParentClosePolicy, WorkflowIdReusePolicy, log, startChild } from '@temporalio/workflow';
+// recoveries) started as rollout attempt workflows, in batches by an activity (not as children:
+// activities/attempt-starts.ts says why), while the run holds no admission; and `forget` of the
+// rollouts finished for good.
+import { ApplicationFailure, log } from '@temporalio/workflow';
+import type { AttemptStart } from '../../activities/attempt-starts.js';
 import type { GymTopology } from '../../protocol/controller.js';
 import { captureKey } from '../../protocol/episode-id.js';
 import * as D from '../deadlines.js';
 import * as L from '../ledger.js';
 import { gymBusy } from '../messages.js';
 import { rolloutsDispatched } from '../metrics.js';
-import { rolloutAttempt, rolloutWorkflowId, type RolloutAttemptInput } from '../rolloutAttempt.js';
-import { ROLLOUT_CONTINUED, ROLLOUT_STATUS, RUN_NAME } from '../search-attributes.js';
+import { rolloutWorkflowId, type RolloutAttemptInput } from '../rolloutAttempt.js';
 import type { ShardContext } from './context.js';
 import { admissionOpen } from './state.js';
 
-/** Child starts per workflow task: each task's commands stay small; the main loop comes straight back. */
+/** Attempt starts per workflow task: each task's commands stay small; the main loop comes straight back. */
 const MAX_STARTS_PER_TASK = 250;
+/** One start activity's input stays well under Temporal's payload limit (tasks may be inline). */
+const MAX_BATCH_CHARS = 192 * 1024;
 /** Rollouts forgotten per call once this many are queued (all of them when the shard closes). */
 const FORGET_BATCH = 64;
 
@@ -24,11 +26,12 @@ export async function dispatch(ctx: ShardContext): Promise<void> {
   if (!admissionOpen(st) || !st.topology) return;
   const reserved = L.reservedAttempts(st.ledger);
   const todo = reserved.slice(0, MAX_STARTS_PER_TASK);
+  if (todo.length === 0) return;
   if (reserved.length > todo.length) ctx.wake();
   const topology = st.topology;
-  // Children need only the participants (to retire their attempt), not every endpoint.
-  const childTopology: GymTopology = { members: topology.members, servers: {}, fingerprint: topology.fingerprint, instances: {} };
-  const starts: Array<Promise<void>> = [];
+  // Attempts need only the participants (to retire their attempt), not every endpoint.
+  const attemptTopology: GymTopology = { members: topology.members, servers: {}, fingerprint: topology.fingerprint, instances: {} };
+  const starts: AttemptStart[] = [];
   for (const { group, sibling, attempt } of todo) {
     const episode = L.episodeOfAttempt(sibling, attempt);
     const key = captureKey(episode);
@@ -48,36 +51,44 @@ export async function dispatch(ctx: ShardContext): Promise<void> {
       ...(group.task_ref
         ? { taskRef: { ...group.task_ref, sibling: sibling.generation_index, group_attempt: group.cohort_attempt ?? 0 } }
         : { task: group.tasks[sibling.generation_index] }),
-      topology: childTopology,
+      topology: attemptTopology,
       ...input.attempts,
     };
-    starts.push(
-      startChild(rolloutAttempt, {
-        workflowId,
-        // Beside its `/run` activity, on the rollout task queue (workflows/attempt-index.ts).
-        taskQueue: input.attempts.runTaskQueue,
-        parentClosePolicy: ParentClosePolicy.ABANDON,
-        // An attempt runs once: a start repeated after it ended must not run it again.
-        workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
-        staticSummary: `rollout ${key} (${group.task_source}) of run ${input.run}`,
-        staticDetails: `group \`${group.group_id}\`, sibling ${sibling.generation_index}, Gym attempt ${attempt.gym_attempt}${attempt.continued ? ' (continued from a saved turn)' : ''}`,
-        typedSearchAttributes: [
-          { key: RUN_NAME, value: input.run },
-          { key: ROLLOUT_STATUS, value: 'running' },
-          { key: ROLLOUT_CONTINUED, value: attempt.continued === true },
-        ],
-        args: [args],
-      }).then(
-        () => undefined,
-        (err: unknown) => {
-          // Already started (a start recorded before a continue-as-new): it reports here by signal.
-          if (!(err instanceof WorkflowExecutionAlreadyStartedError)) throw err;
-        },
-      ),
-    );
+    starts.push({
+      workflowId,
+      summary: `rollout ${key} (${group.task_source}) of run ${input.run}`,
+      details: `group \`${group.group_id}\`, sibling ${sibling.generation_index}, Gym attempt ${attempt.gym_attempt}${attempt.continued ? ' (continued from a saved turn)' : ''}`,
+      continued: attempt.continued === true,
+      input: args,
+    });
   }
-  await Promise.all(starts);
+  // Beside their `/run` activity, on the rollout task queue (workflows/attempt-index.ts).
+  const taskQueue = input.attempts.runTaskQueue;
+  await Promise.all(
+    batchesBySize(starts, MAX_BATCH_CHARS).map((batch) =>
+      ctx.starts.startRolloutAttempts.executeWithOptions({ summary: `start ${batch.length} rollout attempts` }, [{ run: input.run, taskQueue, starts: batch }]),
+    ),
+  );
   rolloutsDispatched(todo.length);
+}
+
+/** `items` in order, cut into batches of at most `maxChars` characters of JSON each (an item larger than that alone). */
+export function batchesBySize<T>(items: readonly T[], maxChars: number): T[][] {
+  const out: T[][] = [];
+  let batch: T[] = [];
+  let chars = 0;
+  for (const item of items) {
+    const size = JSON.stringify(item).length;
+    if (batch.length > 0 && chars + size > maxChars) {
+      out.push(batch);
+      batch = [];
+      chars = 0;
+    }
+    batch.push(item);
+    chars += size;
+  }
+  if (batch.length > 0) out.push(batch);
+  return out;
 }
 
 /** Forgets the rollouts finished for good in Gym, in batches (`force`: whatever is queued). */

@@ -37,6 +37,14 @@ export function applyReports(st: ShardState, maxAttempts: number): AppliedReport
   st.reports = [];
   for (const r of reports) {
     const key = captureKey(r.episode);
+    const flight = st.inFlight[key];
+    if (r.reported && flight?.stopSignalled && !flight.stopUndelivered) {
+      // Sent by its `/run` activity while the attempt was being told to stop: the attempt may be
+      // retiring it (its records and model calls gone), so the attempt's own report decides; if the
+      // stop never reached it, it had ended without retiring, and this one counts (shard/stops.ts).
+      flight.heldReport = r;
+      continue;
+    }
     delete st.inFlight[key];
     D.removeDeadline(st.deadlines, key);
     if (r.status === 'completed' && r.reward !== null) {
@@ -48,6 +56,8 @@ export function applyReports(st: ShardState, maxAttempts: number): AppliedReport
     }
     const found = currentSibling(st, r);
     if (!found) continue;
+    // Its completed report came first (the `/run` signalled it while the attempt was being stopped).
+    if (L.currentAttempt(found.sibling).status === 'sealed') continue;
     if (mateOfGivenUp(st, found, r, out)) continue;
     // A retired one too: during a recovery only a cohort broken by the crash is stopped.
     if (r.reason === GYM_RESTARTED || ((r.status === 'failed' || r.status === 'retired') && inRecovery(st))) {

@@ -16,6 +16,13 @@ export interface InFlight {
   workflowId: string;
   /** Told to stop (its deadline expired, or its cohort started over without it): signalled once. */
   stopSignalled: boolean;
+  /** The stop signal did not reach it: it had ended already, without retiring anything. */
+  stopUndelivered?: true;
+  /**
+   * Its completed report as its `/run` activity sent it, held because the attempt was told to stop:
+   * it may be retiring that very attempt, so its own report decides (shard/reports.ts).
+   */
+  heldReport?: RolloutReport;
 }
 
 export interface ShardState {

@@ -4,7 +4,9 @@ import { getExternalWorkflowHandle, log } from '@temporalio/workflow';
 import * as D from '../deadlines.js';
 import { deadlineExpired, stopAttempt } from '../messages.js';
 import { countingRollouts } from '../metrics.js';
+import { captureKey } from '../../protocol/episode-id.js';
 import type { ShardContext } from './context.js';
+import type { InFlight } from './state.js';
 import { applyReports } from './reports.js';
 
 /** Applies the reports received so far; the attempts it abandons are stopped by stopAbandoned(). */
@@ -23,8 +25,23 @@ export async function stopAbandoned(ctx: ShardContext): Promise<void> {
     f.stopSignalled = true;
     await getExternalWorkflowHandle(f.workflowId)
       .signal(stopAttempt, 'its cohort starts over')
-      .catch(() => undefined);
+      .catch(() => stopUndelivered(ctx, f));
   }
+}
+
+/**
+ * A stop that did not reach its attempt (a signal fails only when the workflow is gone): it ended
+ * without seeing the stop, so without retiring anything, and a completed report its `/run` sent
+ * counts (held until now, or still on its way).
+ */
+function stopUndelivered(ctx: ShardContext, f: InFlight): void {
+  const { st } = ctx;
+  if (st.inFlight[captureKey(f.episode)] !== f) return;
+  f.stopUndelivered = true;
+  if (!f.heldReport) return;
+  st.reports.push(f.heldReport);
+  delete f.heldReport;
+  ctx.wake();
 }
 
 /** Tells the attempts whose deadline expired (the deadline clock's last tick said so) to stop. */
@@ -40,6 +57,6 @@ export async function signalExpired(ctx: ShardContext): Promise<void> {
     flight.stopSignalled = true;
     await getExternalWorkflowHandle(flight.workflowId)
       .signal(deadlineExpired)
-      .catch(() => undefined);
+      .catch(() => stopUndelivered(ctx, flight));
   }
 }
