@@ -29,7 +29,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
-import { Client, Connection } from '@temporalio/client';
+import { Client, Connection, WorkflowNotFoundError } from '@temporalio/client';
 import { defaultPayloadConverter } from '@temporalio/common';
 import type { StartRolloutAttemptsInput } from '../activities/attempt-starts.js';
 import { discover, forget } from '../activities/coordination.js';
@@ -49,7 +49,7 @@ import { executions } from './lib/workflow-limits.js';
 import { onExit } from './lib/cleanup.js';
 import { eventMs, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
-import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, newRunPool, postJson, type Reply } from './scale.js';
+import { Backend, TOKEN, groupCpuSeconds, gymCpuSeconds, gymYaml, limiter, newRunPool, postJson, type Reply } from './scale.js';
 
 /**
  * The plain driver: every group's siblings POSTed at once, at most `inFlight` groups unfinished;
@@ -162,6 +162,41 @@ async function lifecycle(client: Client, runName: string, shards: number, rollou
     report_s: f(acc.report_s),
     total_s: f(acc.total_s),
   };
+}
+
+/**
+ * Deletes a controller pass's workflows (the run, its shards, its attempts) so that the next pass
+ * can run under the same IDs: an attempt ID never runs twice (`REJECT_DUPLICATE`), and the next
+ * run's attempts would otherwise be taken as started already and never report.
+ */
+async function deletePass(client: Client, run: string, shards: number, rolloutIds: readonly string[]): Promise<void> {
+  const ids = [
+    run,
+    ...Array.from({ length: shards }, (_, k) => shardWorkflowId(run, k)),
+    ...rolloutIds.map((id) => rolloutWorkflowId(run, { rollout_id: id, attempt: 0 })),
+  ];
+  const gone = async (workflowId: string): Promise<boolean> => {
+    try {
+      await client.workflow.getHandle(workflowId).describe();
+      return false;
+    } catch (err) {
+      if (err instanceof WorkflowNotFoundError) return true;
+      throw err;
+    }
+  };
+  const slot = limiter(32);
+  let left = ids;
+  for (let round = 0; left.length > 0; round++) {
+    if (round === 60) throw new Error(`controller-overhead: ${left.length} workflows of the last pass were not deleted within a minute`);
+    await Promise.all(
+      left.map((workflowId) =>
+        slot(() => client.workflowService.deleteWorkflowExecution({ namespace: 'default', workflowExecution: { workflowId } }).catch(() => undefined)),
+      ),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    const still = await Promise.all(left.map((id) => slot(async () => ((await gone(id)) ? undefined : id))));
+    left = still.filter((id): id is string => id !== undefined);
+  }
 }
 
 interface CpuMark {
@@ -289,6 +324,8 @@ async function main(): Promise<void> {
   await cleanSlate(warmIds);
 
   for (const [i, phase] of order.entries()) {
+    // Outside the phase's time and CPU.
+    if (phase === 'controller' && order.slice(0, i).includes('controller')) await deletePass(client, cfg.run.name, shardCount(cfg), rolloutIds);
     const before = await cpuMark(server, runDir);
     const t0 = performance.now();
     let completed = 0;
