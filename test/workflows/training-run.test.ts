@@ -906,15 +906,28 @@ describe('continue-as-new', () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true };
     // The run's history grows by a few events per step (its shard's by a few per rollout): 16 steps cross 200.
-    const cfg = runConfig('continue-as-new', { controller: { max_history_events: 200 }, grpo: { max_num_steps: 16 } });
+    // Two groups in flight; the first rollout is held until its shard has continued as new (the
+    // rest go through, past the run's CAN decision too), so it reports to a later execution.
+    const cfg = runConfig('continue-as-new', {
+      controller: { max_history_events: 200 },
+      grpo: { max_num_steps: 16 },
+      async_rl: { max_in_flight_groups: 2 },
+    });
+    const shardId = shardWorkflowId(cfg.run.name, 0);
     await withWorker(env, bundle, gym, cfg, async () => {
       const handle = await startRun(cfg);
-      // Let each group's rollouts sit a moment (past the run's CAN decision), then finish them.
+      let held: string | undefined;
+      let shardContinued = false;
       await until(
         async () => {
           if (gym.running.size > 0) {
+            held ??= [...gym.running][0];
             await delay(100);
-            gym.finishAll();
+            if (!shardContinued) {
+              const shard = await env.client.workflow.getHandle(shardId).describe();
+              shardContinued = shard.runId !== shard.raw.workflowExecutionInfo?.firstRunId;
+            }
+            for (const key of [...gym.running]) if (key !== held || shardContinued) gym.finishRun(key);
           }
           return isClosed(handle);
         },
@@ -941,7 +954,6 @@ describe('continue-as-new', () => {
       expect(gym.runKeys()).toHaveLength(32);
       expectRunsOnce(gym);
       // The shard continued as new too: rollouts its first execution started reported to a later one.
-      const shardId = shardWorkflowId(cfg.run.name, 0);
       const latest = await env.client.workflow.getHandle(shardId).fetchHistory();
       const firstRunId = latest.events?.[0]?.workflowExecutionStartedEventAttributes?.firstExecutionRunId ?? undefined;
       const latestRunId = (await env.client.workflow.getHandle(shardId).describe()).runId;
