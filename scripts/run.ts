@@ -21,6 +21,7 @@ import {
   type WorkflowExecutionDescription,
   type WorkflowHandle,
 } from '@temporalio/client';
+import { WorkflowIdReusePolicy } from '@temporalio/common';
 import { parse as parseYaml } from 'yaml';
 import { RunConfigSchema, type RunConfig } from '../protocol/run-config.js';
 import { ConfigError, parseConfig } from '../servers/common/config-error.js';
@@ -68,9 +69,15 @@ export function loadRunConfig(file: string): RunConfig {
   return parseConfig(RunConfigSchema, raw, '');
 }
 
+/**
+ * Starts the run. Its name is taken once: its shards, checkpoint attempts and rollout attempts are
+ * named after it, so a second run under a finished one's name would find every attempt ID taken
+ * (`WorkflowExecutionAlreadyStartedError` either way; `takenNameFailure` tells the two apart).
+ */
 export async function startRun(client: Client, config: RunConfig) {
   return client.workflow.start(trainingRun, {
     workflowId: config.run.name,
+    workflowIdReusePolicy: WorkflowIdReusePolicy.REJECT_DUPLICATE,
     taskQueue: config.run.task_queue,
     args: [{ config }],
     staticSummary: `training run ${config.run.name}`,
@@ -83,6 +90,17 @@ export async function startRun(client: Client, config: RunConfig) {
 
 /** A failure explained in sentences for the user: printed as is, exit 1. */
 export class CliFailure extends Error {}
+
+/** Why a run name cannot be started: a run under it is still running, or one has already run. */
+export async function takenNameFailure(client: Client, name: string): Promise<CliFailure> {
+  const status = await client.workflow
+    .getHandle(name)
+    .describe()
+    .then((d) => d.status.name)
+    .catch(() => undefined);
+  if (status === undefined || status === 'RUNNING') return new CliFailure(`a run named ${name} is already running`);
+  return new CliFailure(`a run named ${name} has already run (${status}); a name is used once, as its attempts are named after it: set run.name to a new name`);
+}
 
 const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, ' ').trim();
 
@@ -244,8 +262,8 @@ async function main(argv: string[]): Promise<void> {
   try {
     switch (verb) {
       case 'start': {
-        const handle = await startRun(client, config!).catch((err: unknown) => {
-          if (err instanceof WorkflowExecutionAlreadyStartedError) throw new CliFailure(`a run named ${config!.run.name} is already running`);
+        const handle = await startRun(client, config!).catch(async (err: unknown) => {
+          if (err instanceof WorkflowExecutionAlreadyStartedError) throw await takenNameFailure(client, config!.run.name);
           throw err;
         });
         console.log(`started run ${handle.workflowId} (run id ${handle.firstExecutionRunId})`);

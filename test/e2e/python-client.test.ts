@@ -158,6 +158,12 @@ describe('the Python client against a real server', () => {
       expect(r.code, r.stderr).toBe(1);
       expect(r.stderr.trim()).toBe('rollout_checkpoint: run py-run has already finished (COMPLETED)');
     }
+    // A finished run's name is not started again (its attempts' IDs are taken).
+    const reused = await py('start', file);
+    expect(reused.code).toBe(1);
+    expect(reused.stderr.trim()).toBe(
+      'rollout_checkpoint: a run named py-run has already run (COMPLETED); a name is used once, as its attempts are named after it: set run.name to a new name',
+    );
   }, 120_000);
 
   it('stop ends a run before its last step; wait prints a failed run’s cause chain; unknown runs and runs no worker takes are named', async () => {

@@ -105,6 +105,12 @@ describe('npm run run against a real server', () => {
       expect(r.code, r.stderr).toBe(1);
       expect(r.stderr.trim()).toBe('run: run cli-unauthorized has already finished (FAILED)');
     }
+    // A finished run's name is not started again (its attempts' IDs are taken).
+    const reused = await run('start', runConfig('cli-unauthorized', join(dir, 'gym')));
+    expect(reused.code).toBe(1);
+    expect(reused.stderr.trim()).toBe(
+      'run: a run named cli-unauthorized has already run (FAILED); a name is used once, as its attempts are named after it: set run.name to a new name',
+    );
     expect(unknown.code, unknown.stderr).toBe(1);
     expect(unknown.stderr.trim()).toBe('run: no run named no-such-run (namespace default)');
   }, 240_000);

@@ -25,7 +25,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
-from temporalio.common import RawValue
+from temporalio.common import RawValue, WorkflowIDReusePolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -131,6 +131,8 @@ async def start_run(client: Client, config: dict) -> WorkflowHandle:
             WORKFLOW_TYPE,
             RawValue(payload),
             id=run["name"],
+            # A name is taken once: the run's attempts are named after it (scripts/run.ts startRun).
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             task_queue=run["task_queue"],
             memo={"run": run["name"]},
             static_summary=f"training run {run['name']}",
@@ -141,11 +143,25 @@ async def start_run(client: Client, config: dict) -> WorkflowHandle:
             ),
         )
     except WorkflowAlreadyStartedError:
-        raise RunClientError(f"a run named {run['name']} is already running") from None
+        raise await _taken_name_error(client, run["name"]) from None
     except RPCError as err:
         if _namespace_not_found(err):
             raise NamespaceNotFoundError(f"no namespace {client.namespace} on the Temporal server") from None
         raise
+
+
+async def _taken_name_error(client: Client, name: str) -> RunClientError:
+    """Why ``name`` cannot be started: a run under it is still running, or one has already run."""
+    try:
+        status = (await client.get_workflow_handle(name).describe()).status
+    except RPCError:
+        status = None
+    if status is None or status == WorkflowExecutionStatus.RUNNING:
+        return RunClientError(f"a run named {name} is already running")
+    return RunClientError(
+        f"a run named {name} has already run ({status.name}); a name is used once, "
+        "as its attempts are named after it: set run.name to a new name"
+    )
 
 
 def _not_found(err: BaseException) -> bool:
