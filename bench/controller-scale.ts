@@ -122,6 +122,8 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
   return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
     exported: outcome.scopeCount ?? 0,
+    allocate_s: round3(outcome.seconds.allocate ?? 0),
+    candidates_s: round3(outcome.seconds.candidates ?? 0),
     prepare_s: round3(outcome.seconds.prepare ?? 0),
     commit_s: round3(outcome.seconds.commit ?? 0),
     ledger_cut_s: round3(outcome.seconds.ledger_cut ?? 0),

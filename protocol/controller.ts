@@ -277,6 +277,8 @@ export type CheckpointReason =
   | 'release_pending';
 
 export interface CheckpointStageSeconds {
+  /** The snapshot directory allocated and the check that no Gym process restarted (side by side). */
+  allocate?: number;
   /** The shards writing their episodes in flight (the scope's candidates). */
   candidates?: number;
   prepare?: number;

@@ -24,6 +24,7 @@ export function outcomeOfFailure(err: unknown): CheckpointOutcome | undefined {
 }
 
 const STAGES: Array<[keyof CheckpointStageSeconds, string]> = [
+  ['allocate', 'snapshot directory, and no Gym process restarted'],
   ['candidates', 'shards write their episodes in flight and ledger parts'],
   ['prepare', 'Gym prepares'],
   ['commit', 'Gym commits'],

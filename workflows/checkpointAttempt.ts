@@ -101,14 +101,16 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     // Allocation and the restart check side by side. A participant that restarted fresh holds none
     // of the episodes in flight: a snapshot now would publish a cut that continues nothing. Recover first.
     stage('allocate');
-    const [allocated, now] = await Promise.all([
-      files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
-      discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel, probeTimeoutS: input.prepareTimeoutS }).catch((err: unknown) => {
-        const down = unreachableServers(err);
-        if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
-        throw err;
-      }),
-    ]);
+    const [allocated, now] = await timed('allocate', () =>
+      Promise.all([
+        files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
+        discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel, probeTimeoutS: input.prepareTimeoutS }).catch((err: unknown) => {
+          const down = unreachableServers(err);
+          if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
+          throw err;
+        }),
+      ]),
+    );
     location = allocated;
     const restarted = Object.entries(input.topology.instances ?? {})
       .filter(([name, instance]) => now.instances[name] !== instance)

@@ -20,6 +20,7 @@ export const METRICS = {
 
 /** The stages of an outcome's `seconds` record, by their `stage` label (the participants' sum has its own histogram). */
 const STAGES = {
+  allocate: 'allocate',
   candidates: 'candidates',
   prepare: 'prepare',
   commit: 'commit',

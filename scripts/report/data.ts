@@ -66,7 +66,7 @@ export interface ReportInput {
 export type RunEnd = 'running' | 'completed' | 'failed' | 'terminated' | 'canceled' | 'timed_out';
 
 /** Stages of a checkpoint attempt, in the order they start (they overlap: the ledger cut runs beside the commit). */
-export const STAGES = ['candidates', 'prepare', 'commit', 'ledger_cut', 'publish', 'resume'] as const;
+export const STAGES = ['allocate', 'candidates', 'prepare', 'commit', 'ledger_cut', 'publish', 'resume'] as const;
 export type Stage = (typeof STAGES)[number];
 
 export interface CheckpointRow {

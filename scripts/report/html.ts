@@ -152,7 +152,7 @@ const PAGE_SCRIPT = `
   'use strict';
   var d = JSON.parse(document.getElementById('report-data').textContent);
   var OUTCOME = { completed: '#3a8d4f', failed: '#c8483b', skipped: '#a3a9b5' };
-  var STAGE = { candidates: '#8e6cc4', prepare: '#3e7cc9', commit: '#2aa198', ledger_cut: '#7fb13b', publish: '#e0a030', resume: '#d9694a' };
+  var STAGE = { allocate: '#9a9a9a', candidates: '#8e6cc4', prepare: '#3e7cc9', commit: '#2aa198', ledger_cut: '#7fb13b', publish: '#e0a030', resume: '#d9694a' };
   Chart.defaults.animation = false;
   Chart.defaults.maintainAspectRatio = false;
   Chart.defaults.font.family = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';

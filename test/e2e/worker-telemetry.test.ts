@@ -130,7 +130,7 @@ describe('worker telemetry', () => {
     // The SDK's tags of workflow metrics (camelCase, unlike its own metrics' labels).
     expect(labelled).toMatchObject({ workflowType: 'trainingRun', taskQueue: TQ, namespace: 'default' });
     // (`ledger_cut` only when a shard wrote its part again: an episode ended before Gym's cut.)
-    for (const stage of ['candidates', 'prepare', 'commit', 'publish', 'resume', 'admission_closed', 'total']) {
+    for (const stage of ['allocate', 'candidates', 'prepare', 'commit', 'publish', 'resume', 'admission_closed', 'total']) {
       const h = observed(s, METRICS.checkpointStageSeconds, { stage, outcome: 'completed' });
       expect(h.count, stage).toBeGreaterThanOrEqual(completedCheckpoints.length);
       // A stage within one workflow task takes 0 s on the workflow clock; the whole attempt does not.

@@ -158,7 +158,7 @@ describe('renderReportHtml', () => {
     expect(html).toContain('7 continued · 4 restarted');
     // The checkpoint table: an ID shortened (whole in its title), milliseconds, dashes for stages not reached.
     expect(html).toContain('<code title="rollout-step-3-snapshot-7-0123456789abcdef0123456789abcdef">rollout-step-3-snapshot-7…</code>');
-    expect(html).toContain('<td>0.333</td><td>0.206</td><td>—</td><td>0.100</td><td>0.050</td>');
+    expect(html).toContain('<td>0.333</td><td>0.206</td><td>—</td><td>—</td><td>0.100</td><td>0.050</td>');
     expect(html).toContain('title="prepare failed: &lt;ECONNREFUSED&gt;">failed: io_error</span>');
     expect(html).toContain('title="missing from checkpoint_metrics.jsonl: from the run’s own record">run</span>');
     expect(html).toContain('<td>1</td><td>Gym crash</td><td>60.0</td><td>70.0</td><td>7</td><td>4</td><td>1 of 1</td><td>—</td>');
