@@ -82,15 +82,19 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
   if (!input.carried && input.load) await loadSlice(ctx, input.load);
   startDeadlineClock(ctx);
 
-  /** Sends the run what it has not heard yet; the pause before the next report is a timer (see docs/controller.md). */
-  async function report(): Promise<void> {
+  /** Sends the run what it has not heard yet (undefined: nothing to send now); the pause before the next report is a timer (see docs/controller.md). */
+  function report(): Promise<void> | undefined {
     const inFlight = Object.keys(st.inFlight).length;
     const unfinished = L.unfinishedGroupCount(st.ledger);
     const crash = st.gymCrashed !== null && !st.crashReported;
     const news = st.sealed.length > 0 || st.completed !== 0 || st.failed !== 0 || crash || inFlight !== told.inFlight || unfinished !== told.unfinished;
-    if (!news || (ctx.pacing && !st.closed && !crash)) return;
+    if (!news || (ctx.pacing && !st.closed && !crash)) return undefined;
     // The run is continuing as new: a signal now would make the server refuse it (run/carry.ts).
-    if (st.holds.reports.length > 0) return;
+    if (st.holds.reports.length > 0) return undefined;
+    return sendReport(inFlight, unfinished, crash);
+  }
+
+  async function sendReport(inFlight: number, unfinished: number, crash: boolean): Promise<void> {
     ctx.pacing = true;
     void sleep(input.flushIntervalMs).then(() => {
       ctx.pacing = false;
@@ -121,16 +125,24 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     told = { inFlight, unfinished };
   }
 
+  // Each step returns a promise only when it has work: the SDK's promise hook records a stack trace
+  // for every promise a workflow makes, which was most of a shard's workflow task time.
+  const steps: ReadonlyArray<() => Promise<void> | undefined> = [
+    () => settleLiveFailures(ctx),
+    () => stopAbandoned(ctx),
+    () => signalExpired(ctx),
+    () => answerRequests(ctx),
+    () => dispatch(ctx),
+    () => forgetFinished(ctx, st.closed),
+    report,
+  ];
   for (;;) {
     ctx.changed = false;
     takeReports(ctx);
-    await settleLiveFailures(ctx);
-    await stopAbandoned(ctx);
-    await signalExpired(ctx);
-    await answerRequests(ctx);
-    await dispatch(ctx);
-    await forgetFinished(ctx, st.closed);
-    await report();
+    for (const step of steps) {
+      const work = step();
+      if (work) await work;
+    }
     // Closed by the run at its end (or it is gone): done once nothing of it is in flight.
     if (st.closed && Object.keys(st.inFlight).length === 0 && st.requests.length === 0 && st.sealed.length === 0) return;
     const info = workflowInfo();

@@ -21,14 +21,19 @@ const MAX_BATCH_CHARS = 192 * 1024;
 /** Rollouts forgotten per call once this many are queued (all of them when the shard closes). */
 const FORGET_BATCH = 64;
 
-export async function dispatch(ctx: ShardContext): Promise<void> {
-  const { st, input } = ctx;
-  if (!admissionOpen(st) || !st.topology) return;
+/** Starts the reserved attempts while admission is open (undefined: nothing to start, see rolloutShard.ts). */
+export function dispatch(ctx: ShardContext): Promise<void> | undefined {
+  const { st } = ctx;
+  if (!admissionOpen(st) || !st.topology) return undefined;
   const reserved = L.reservedAttempts(st.ledger);
   const todo = reserved.slice(0, MAX_STARTS_PER_TASK);
-  if (todo.length === 0) return;
+  if (todo.length === 0) return undefined;
   if (reserved.length > todo.length) ctx.wake();
-  const topology = st.topology;
+  return startAttempts(ctx, st.topology, todo);
+}
+
+async function startAttempts(ctx: ShardContext, topology: GymTopology, todo: ReturnType<typeof L.reservedAttempts>): Promise<void> {
+  const { st, input } = ctx;
   // Attempts need only the participants (to retire their attempt), not every endpoint.
   const attemptTopology: GymTopology = { members: topology.members, servers: {}, fingerprint: topology.fingerprint, instances: {} };
   const starts: AttemptStart[] = [];
@@ -91,15 +96,20 @@ export function batchesBySize<T>(items: readonly T[], maxChars: number): T[][] {
   return out;
 }
 
-/** Forgets the rollouts finished for good in Gym, in batches (`force`: whatever is queued). */
-export async function forgetFinished(ctx: ShardContext, force: boolean): Promise<void> {
+/** Forgets the rollouts finished for good in Gym, in batches (`force`: whatever is queued; undefined: nothing to forget now). */
+export function forgetFinished(ctx: ShardContext, force: boolean): Promise<void> | undefined {
+  const { st } = ctx;
+  if (!st.topology || st.forgetQueue.length === 0 || gymBusy(st.holds)) return undefined;
+  if (!force && st.forgetQueue.length < FORGET_BATCH) return undefined;
+  return forgetBatch(ctx, st.topology);
+}
+
+async function forgetBatch(ctx: ShardContext, topology: GymTopology): Promise<void> {
   const { st, input } = ctx;
-  if (!st.topology || st.forgetQueue.length === 0 || gymBusy(st.holds)) return;
-  if (!force && st.forgetQueue.length < FORGET_BATCH) return;
   const batch = st.forgetQueue.slice(0, 1000);
   try {
     await ctx.control.gymForget.executeWithOptions({ summary: `forget ${batch.length} rollouts` }, [
-      { topology: st.topology, timeoutS: input.gymTimeoutS, rolloutIds: batch },
+      { topology, timeoutS: input.gymTimeoutS, rolloutIds: batch },
     ]);
     st.forgetQueue = st.forgetQueue.slice(batch.length);
   } catch (err) {

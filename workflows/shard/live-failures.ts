@@ -24,14 +24,20 @@ export function restartedSince(known: GymTopology, now: GymTopology): string[] {
 const MAX_INCONCLUSIVE_LOOKS = 5;
 const FIRST_PAUSE_MS = 2_000;
 
-export async function settleLiveFailures(ctx: ShardContext): Promise<void> {
+/** Settles the live failures received since the last look (undefined: none to settle now, see rolloutShard.ts). */
+export function settleLiveFailures(ctx: ShardContext): Promise<void> | undefined {
   const { st } = ctx;
-  if (st.unconfirmedFailures.length === 0 || !st.topology || ctx.lookPaused) return;
+  if (st.unconfirmedFailures.length === 0 || !st.topology || ctx.lookPaused) return undefined;
+  return settle(ctx, st.topology);
+}
+
+async function settle(ctx: ShardContext, topology: GymTopology): Promise<void> {
+  const { st } = ctx;
   let crashed: string[];
   if (st.gymCrashed !== null) {
     crashed = ['(a crash already noticed)'];
   } else {
-    const look = await lookAtGym(ctx, st.topology);
+    const look = await lookAtGym(ctx, topology);
     if (look === 'inconclusive') {
       // Looked at again after a pause (a timer: the decision stays out of the clock).
       const pause = FIRST_PAUSE_MS * 2 ** ctx.inconclusiveLooks;

@@ -13,12 +13,20 @@ import { forgetAll } from './dispatch.js';
 import { groupIndex } from './state.js';
 import { takeReports } from './stops.js';
 
-/** Answers every request that can be answered now; a `drain` waits until nothing is in flight. */
-export async function answerRequests(ctx: ShardContext): Promise<void> {
+/** Answers every request that can be answered now; a `drain` waits until nothing is in flight (undefined: none answerable now). */
+export function answerRequests(ctx: ShardContext): Promise<void> | undefined {
+  return answerable(ctx) ? answerAll(ctx) : undefined;
+}
+
+function answerable(ctx: ShardContext): boolean {
+  const req = ctx.st.requests[0];
+  return req !== undefined && !(req.kind === 'drain' && Object.keys(ctx.st.inFlight).length > 0);
+}
+
+async function answerAll(ctx: ShardContext): Promise<void> {
   const { st } = ctx;
-  while (st.requests.length > 0) {
+  while (answerable(ctx)) {
     const req = st.requests[0]!;
-    if (req.kind === 'drain' && Object.keys(st.inFlight).length > 0) return;
     let answer: Omit<ShardAnswer, 'id' | 'shard'>;
     try {
       answer = await handle(ctx, req);

@@ -16,10 +16,15 @@ export function takeReports(ctx: ShardContext): void {
   for (const g of gaveUp) log.warn('sibling gave up', { capture_key: g.key, reason: g.reason });
 }
 
-/** Tells the attempts whose cohort started over without them to stop. */
-export async function stopAbandoned(ctx: ShardContext): Promise<void> {
+/** Tells the attempts whose cohort started over without them to stop (undefined: none to tell, see rolloutShard.ts). */
+export function stopAbandoned(ctx: ShardContext): Promise<void> | undefined {
+  if (ctx.toStop.length === 0) return undefined;
   const flights = ctx.toStop;
   ctx.toStop = [];
+  return signalStops(ctx, flights);
+}
+
+async function signalStops(ctx: ShardContext, flights: InFlight[]): Promise<void> {
   for (const f of flights) {
     if (f.stopSignalled) continue;
     f.stopSignalled = true;
@@ -44,12 +49,17 @@ function stopUndelivered(ctx: ShardContext, f: InFlight): void {
   ctx.wake();
 }
 
-/** Tells the attempts whose deadline expired (the deadline clock's last tick said so) to stop. */
-export async function signalExpired(ctx: ShardContext): Promise<void> {
+/** Tells the attempts whose deadline expired (the deadline clock's last tick said so) to stop (undefined: none due). */
+export function signalExpired(ctx: ShardContext): Promise<void> | undefined {
   const { st } = ctx;
   // Held since the tick: looked at again once the holders release.
-  if (!ctx.expiryDue || !D.isRunning(st.deadlines)) return;
+  if (!ctx.expiryDue || !D.isRunning(st.deadlines)) return undefined;
   ctx.expiryDue = false;
+  return signalDeadlines(ctx);
+}
+
+async function signalDeadlines(ctx: ShardContext): Promise<void> {
+  const { st } = ctx;
   for (const key of D.expired(st.deadlines)) {
     const flight = st.inFlight[key];
     D.removeDeadline(st.deadlines, key);
