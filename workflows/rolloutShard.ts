@@ -126,7 +126,7 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
   }
 
   // Each step returns a promise only when it has work: the SDK's promise hook records a stack trace
-  // for every promise a workflow makes, which was most of a shard's workflow task time.
+  // for every promise a workflow makes, a large share of a shard's workflow task time (docs/performance.md).
   const steps: ReadonlyArray<() => Promise<void> | undefined> = [
     () => settleLiveFailures(ctx),
     () => stopAbandoned(ctx),
