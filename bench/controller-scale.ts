@@ -272,6 +272,8 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
   const attemptIds: string[] = [];
   for (let k = 0; k < checkpoints; k++) {
     if (k > 0) await sleep(2_000);
+    // The wall clock, to line the checkpoint up with samples taken outside the bench.
+    if (process.env.BENCH_VERBOSE) console.log(`  checkpoint ${k + 1}/${checkpoints} asked at ${new Date().toISOString()}`);
     const one = await checkpointOnce(client, handle, rollouts, attemptIds);
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.

@@ -69,6 +69,7 @@ export async function callModel(call: ModelCall): Promise<ModelTurn & { cookies:
       rollout: call.rollout,
       cookies: call.cookies,
       signal: call.signal,
+      held: true,
     });
   } catch (err) {
     if (call.signal.aborted) throw call.signal.reason;

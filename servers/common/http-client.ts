@@ -1,4 +1,4 @@
-// Data-plane HTTP between Gym servers: one undici pool for data calls (control calls have their
+// Data-plane HTTP between Gym servers: two undici pools for data calls (control calls have their
 // own, activities/control-client.ts), no 300 s body/header timeouts (a call parked during a
 // checkpoint may wait long), JSON in and out, cookies as name → value maps, and the
 // `/ng-rollout/<capture key>` prefix added for calls made inside an episode.
@@ -8,17 +8,35 @@ import { CLIENT_KEEP_ALIVE } from '../../protocol/keep-alive.js';
 import { cookieHeader, parseSetCookies } from './session-cookie.js';
 
 let dataPool: Agent | undefined;
+let shortCallPool: Agent | undefined;
 
+/**
+ * Connections per server origin for calls no Gym gate holds across a checkpoint. Every
+ * connection to one server takes a local port of the ~28,000 the kernel has for each destination
+ * (and keeps it 60 s in TIME_WAIT after it closes): at 16,000 episodes the burst of `/verify` and
+ * `/close_session` calls after a release opened a connection each, and with the tool calls and
+ * seeds before it ran out of ports (`connect EADDRNOTAVAIL`, docs/performance.md). Past this cap
+ * a call waits for a free connection in this process.
+ */
+export const SHORT_CALL_CONNECTIONS = 256;
+
+/** The pool of held calls: no per-origin cap, thousands of episodes may each hold a parked call to one server. */
 export function dataAgent(): Agent {
-  // No per-origin connection cap: thousands of episodes may each hold a parked call to one server.
   dataPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, ...CLIENT_KEEP_ALIVE });
   return dataPool;
 }
 
+/** The pool of short calls: at most {@link SHORT_CALL_CONNECTIONS} connections per origin. */
+export function shortCallAgent(): Agent {
+  shortCallPool ??= new Agent({ headersTimeout: 0, bodyTimeout: 0, connections: SHORT_CALL_CONNECTIONS, ...CLIENT_KEEP_ALIVE });
+  return shortCallPool;
+}
+
 export async function closeDataAgent(): Promise<void> {
-  const p = dataPool;
+  const pools = [dataPool, shortCallPool];
   dataPool = undefined;
-  await p?.close();
+  shortCallPool = undefined;
+  await Promise.all(pools.map((p) => p?.close()));
 }
 
 export interface JsonCallOptions {
@@ -28,6 +46,12 @@ export interface JsonCallOptions {
   headers?: Record<string, string>;
   signal?: AbortSignal;
   method?: 'POST' | 'GET';
+  /**
+   * A Gym gate may hold the call until a checkpoint ends (a model call, an activation that makes
+   * one, a seed): it gets a connection of its own. A short call queued behind held ones could
+   * keep a checkpoint's prepare waiting on the very calls it holds.
+   */
+  held?: boolean;
 }
 
 export interface JsonReply<T = unknown> {
@@ -55,7 +79,7 @@ export async function callJson<T = unknown>(baseUrl: string, path: string, body:
     headers,
     body: method === 'POST' ? JSON.stringify(body ?? {}) : undefined,
     signal: opts.signal,
-    dispatcher: dataAgent(),
+    dispatcher: opts.held ? dataAgent() : shortCallAgent(),
   });
   const text = await res.body.text();
   let parsed: unknown = text;

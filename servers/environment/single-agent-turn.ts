@@ -171,7 +171,7 @@ export class SingleAgentTurn {
           task_id: task.task_id,
           task_data: task.task_input.task_data,
         },
-        { rollout: this.key, signal: this.ctl.signal },
+        { rollout: this.key, signal: this.ctl.signal, held: true },
       );
       this.handles.resources_cookies = r.cookies;
       this.handles.resources_verify = header(r, VERIFY_HEADER) === 'replay' ? 'replay' : 'wait';
@@ -209,7 +209,7 @@ export class SingleAgentTurn {
           tool_accesses: [grant],
           sandbox_access: seed.sandbox_access ?? null,
         },
-        { rollout: this.key, signal: this.ctl.signal },
+        { rollout: this.key, signal: this.ctl.signal, held: true },
       );
       const body = asObject(r.body, 'Agent seed reply');
       if (body.agent_session_id !== this.handles.agent_session_id) {
@@ -229,6 +229,7 @@ export class SingleAgentTurn {
         cookies: this.handles.agent_cookies,
         headers: { [ACTIVATION_HEADER]: ACTIVATION_INDEX },
         signal: this.ctl.signal,
+        held: true,
       });
       if (Object.keys(r.cookies).length) this.handles.agent_cookies = r.cookies;
       return asObject(r.body, 'Agent activation reply');
