@@ -1,7 +1,7 @@
 // One physical rollout attempt: POST `/run` to the environment server and map its reply to a
 // RolloutReport. `/run` lasts minutes to hours, so it gets its own undici pool without the 300 s
 // header/body timeouts; heartbeats carry cancellation to the call, which aborts the request.
-import { type Client, WorkflowNotFoundError } from '@temporalio/client';
+import type { Client } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
 import { Agent, type Dispatcher, request } from 'undici';
 import { FAILURE_TYPES, type RolloutReport, type RunEpisodeInput, type TaskRef } from '../protocol/controller.js';
@@ -14,7 +14,7 @@ import { activityContext, clip, errorMessage, heartbeating, invariantFailure } f
 import type { RunKeeper } from './run-keeper.js';
 import { joinUrl } from './control-client.js';
 import { traceHeaders } from '../servers/common/tracing.js';
-import { rolloutFinished } from '../workflows/messages.js';
+import { reportBatchesOf } from './report-batches.js';
 
 /** Wait before retrying a `/run` refused with `admission_closed` (a checkpoint is open). */
 export const ADMISSION_CLOSED_RETRY_DELAY = '2s';
@@ -168,20 +168,16 @@ export function createRolloutActivities(runPool: Dispatcher, keeper?: RunKeeper)
 export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
 
 /**
- * Signals a completed report to its shard and marks it `reported` (the attempt does not send it
- * again). Any other report is left to the attempt, which retires the attempt first. A shard that is
- * gone leaves the report to the attempt too; other failures are retried by the caller (a second
- * signal of the same report is a duplicate the shard ignores).
+ * Sends a completed report to its shard (in a batch with others of this worker) and marks it
+ * `reported` (the attempt does not send it again). Any other report is left to the attempt, which
+ * retires the attempt first. A shard that is gone leaves the report to the attempt too; other
+ * failures are retried by the caller (a second signal of the same report is a duplicate the shard
+ * ignores).
  */
 export async function deliverReport(client: Client, reportTo: string, report: RolloutReport): Promise<RolloutReport> {
   if (report.status !== 'completed') return report;
-  try {
-    await client.workflow.getHandle(reportTo).signal(rolloutFinished, report);
-  } catch (err) {
-    if (err instanceof WorkflowNotFoundError) return report;
-    throw err;
-  }
-  return { ...report, reported: true };
+  const delivery = await reportBatchesOf(client).deliver(reportTo, report);
+  return delivery === 'sent' ? { ...report, reported: true } : report;
 }
 
 /** The worker's client in this activity; none in a mock environment. */

@@ -9,6 +9,8 @@ import type { ReserveInput } from './ledger.js';
 
 /** A rollout attempt → its shard (by workflow ID, so it reaches the shard's current run after continue-as-new). */
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
+/** A worker → a shard: completed reports its `/run`s delivered, several in one signal (activities/report-batches.ts). */
+export const rolloutsFinished = defineSignal<[RolloutReport[]]>('rolloutsFinished');
 /** A shard → one of its rollout attempts: its deadline ran out (the shard keeps the clock). */
 export const deadlineExpired = defineSignal('deadlineExpired');
 /**

@@ -19,7 +19,7 @@ import {
 import { packJson, unpackJson } from '../protocol/packed-json.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
-import { assignGroups, closeShard, rolloutFinished, setHolds, shardReport, shardRequest, type ShardReport } from './messages.js';
+import { assignGroups, closeShard, rolloutFinished, rolloutsFinished, setHolds, shardReport, shardRequest, type ShardReport } from './messages.js';
 import { ShardContext, type RolloutShardInput } from './shard/context.js';
 import { startDeadlineClock } from './shard/deadline-clock.js';
 import { dispatch, forgetFinished } from './shard/dispatch.js';
@@ -59,6 +59,10 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
   });
   setHandler(rolloutFinished, (r) => {
     st.reports.push(r);
+    ctx.wake();
+  });
+  setHandler(rolloutsFinished, (rs) => {
+    st.reports.push(...rs);
     ctx.wake();
   });
   setHandler(shardRequest, (r) => {

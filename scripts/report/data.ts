@@ -4,7 +4,7 @@
 // taken in either form Temporal gives them: the SDK's decoded protobufs (fetchHistory) or their
 // JSON (`temporal workflow show -o json`, the golden histories of test/workflows/histories).
 import type { StartRolloutAttemptsInput } from '../../activities/attempt-starts.js';
-import { type CheckpointOutcome, outcomeKey, type RolloutReport } from '../../protocol/controller.js';
+import { CHECKPOINT_STAGE_NAMES, type CheckpointOutcome, type CheckpointStage, outcomeKey, type RolloutReport } from '../../protocol/controller.js';
 import type { RunConfig } from '../../protocol/run-config.js';
 import type { RunStatus, ShardAnswer, ShardRequest } from '../../workflows/messages.js';
 import type { RecoveryRecord, RunState, RunSummary, TrainingRunInput } from '../../workflows/run/state.js';
@@ -65,9 +65,9 @@ export interface ReportInput {
 /** How the run's newest execution stands. */
 export type RunEnd = 'running' | 'completed' | 'failed' | 'terminated' | 'canceled' | 'timed_out';
 
-/** Stages of a checkpoint attempt, in the order they start (they overlap: the ledger cut runs beside the commit). */
-export const STAGES = ['allocate', 'candidates', 'prepare', 'commit', 'ledger_cut', 'publish', 'resume'] as const;
-export type Stage = (typeof STAGES)[number];
+/** Stages of a checkpoint attempt, in the order they start. */
+export const STAGES = CHECKPOINT_STAGE_NAMES;
+export type Stage = CheckpointStage;
 
 export interface CheckpointRow {
   checkpointId: string;
@@ -420,7 +420,7 @@ function inFlightOf(starts: number[], ends: number[], t0: number): Point[] {
 
 /**
  * From the shards' histories: a rollout attempt dispatched is one in a `startRolloutAttempts` batch;
- * one completed is a `rolloutFinished` report with status completed (the shard's view, the one
+ * one completed is a `rolloutFinished` or `rolloutsFinished` report with status completed (the shard's view, the one
  * that counts for training). Each capture key once.
  */
 function timelineOf(shards: WorkflowChain[], t0: number): ReportData['timeline'] & { dispatchedCount: number } {
@@ -435,8 +435,14 @@ function timelineOf(shards: WorkflowChain[], t0: number): ReportData['timeline']
           for (const a of batch?.starts ?? []) if (!started.has(a.workflowId)) started.set(a.workflowId, eventMs(e));
         }
         const sig = e.workflowExecutionSignaledEventAttributes;
-        if (sig?.signalName === 'rolloutFinished') {
-          const r = first(sig.input) as RolloutReport | undefined;
+        // One report from an attempt, or several from the `/run`s of one worker (completed ones).
+        const reports =
+          sig?.signalName === 'rolloutFinished'
+            ? [first(sig.input) as RolloutReport | undefined]
+            : sig?.signalName === 'rolloutsFinished'
+              ? ((first(sig.input) as RolloutReport[] | undefined) ?? [])
+              : [];
+        for (const r of reports) {
           if (r?.captureKey && !reported.has(r.captureKey)) reported.set(r.captureKey, { ms: eventMs(e), completed: r.status === 'completed' });
         }
       }

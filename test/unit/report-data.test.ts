@@ -146,6 +146,13 @@ const answer = (s: number, seq: number, shard: number, continued: number, restar
   signalled(s, 'shardAnswer', { id: `${RUN}/req-${seq}/${shard}`, shard, continued, restarted });
 const report = (s: number, captureKey: string, status: string) =>
   signalled(s, 'rolloutFinished', { captureKey, status, reward: status === 'completed' ? 1 : null });
+/** Completed reports of one worker's `/run`s, in one signal. */
+const reports = (s: number, ...captureKeys: string[]) =>
+  signalled(
+    s,
+    'rolloutsFinished',
+    captureKeys.map((captureKey) => ({ captureKey, status: 'completed', reward: 1 })),
+  );
 
 /** Two executions (a continue-as-new at 7 s), two shards, two recoveries (the first's restore failed), still running. */
 function handMade(): { run: WorkflowChain; shards: WorkflowChain[] } {
@@ -188,7 +195,7 @@ function handMade(): { run: WorkflowChain; shards: WorkflowChain[] } {
     workflowId: `${RUN}/shard/0`,
     executions: [
       [attemptsStarted(1, 'a', 'b'), report(3, 'a', 'completed'), report(3.5, 'b', 'failed')],
-      [attemptsStarted(8, 'b-a1'), report(8.5, 'a', 'completed'), report(9, 'b-a1', 'completed')],
+      [attemptsStarted(8, 'b-a1'), reports(9, 'a', 'b-a1')],
     ],
   };
   const shard1: WorkflowChain = { workflowId: `${RUN}/shard/1`, executions: [[attemptsStarted(1.2, 'c')]] };
@@ -293,7 +300,7 @@ describe('hand-made histories (protobuf form)', () => {
       { t: 1.2, n: 3 },
       { t: 8, n: 4 },
     ]);
-    // `a` reported twice (a repeated signal): counted once.
+    // `a` reported twice (again in a worker's batch with `b-a1`): counted once.
     expect(d.timeline.completed).toEqual([
       { t: 0, n: 0 },
       { t: 3, n: 1 },

@@ -968,10 +968,14 @@ describe('continue-as-new', () => {
           for (const s of batch.starts) started.add(s.workflowId);
         }
         const signal = e.workflowExecutionSignaledEventAttributes;
+        // From the attempt, or from the `/run` activities (completed ones, batched): the reports name them.
         if (signal?.signalName === 'rolloutFinished') {
-          // From the attempt, or from its `/run` activity (a completed one): the report names it.
           const r = defaultPayloadConverter.fromPayload<RolloutReport>(signal.input!.payloads![0]!);
           reported.add(rolloutWorkflowId(cfg.run.name, r.episode));
+        }
+        if (signal?.signalName === 'rolloutsFinished') {
+          for (const r of defaultPayloadConverter.fromPayload<RolloutReport[]>(signal.input!.payloads![0]!))
+            reported.add(rolloutWorkflowId(cfg.run.name, r.episode));
         }
       }
       expect(reported.size).toBeGreaterThan(0);
