@@ -276,20 +276,24 @@ export type CheckpointReason =
   | 'invariant_error'
   | 'release_pending';
 
-export interface CheckpointStageSeconds {
-  /** The snapshot directory allocated and the check that no Gym process restarted (side by side). */
-  allocate?: number;
-  /** The shards writing their episodes in flight (the scope's candidates). */
-  candidates?: number;
-  prepare?: number;
-  commit?: number;
-  ledger_cut?: number;
-  publish?: number;
-  resume?: number;
-  gym_participant_seconds?: number;
-  admission_closed_seconds?: number;
-  total?: number;
-}
+/**
+ * A checkpoint attempt's stages in the order they start, each with what it is: the one list the
+ * attempt's timings, its details in the UI, the metrics and the run report all use.
+ */
+export const CHECKPOINT_STAGES = {
+  allocate: 'snapshot directory, and no Gym process restarted',
+  candidates: 'shards write their episodes in flight and ledger parts',
+  prepare: 'Gym prepares',
+  commit: 'Gym commits',
+  ledger_cut: 'shards write their ledger parts again (recut)',
+  publish: 'manifest and publish',
+  resume: 'Gym resumes',
+} as const;
+export type CheckpointStage = keyof typeof CHECKPOINT_STAGES;
+export const CHECKPOINT_STAGE_NAMES = Object.keys(CHECKPOINT_STAGES) as CheckpointStage[];
+
+/** Seconds of each stage that ran, and the totals: Gym's three calls, admission closed, start to end. */
+export type CheckpointStageSeconds = Partial<Record<CheckpointStage | 'gym_participant_seconds' | 'admission_closed_seconds' | 'total', number>>;
 
 export interface CheckpointOutcome {
   checkpointId: string;

@@ -2,7 +2,13 @@
 // one as the workflow's failure (so the Temporal UI lists it under "Failed"), with the same outcome
 // in the failure's details for the run. And the short stage table shown as its current details.
 import { ApplicationFailure, ChildWorkflowFailure } from '@temporalio/common';
-import type { CheckpointOutcome, CheckpointStageSeconds } from '../protocol/controller.js';
+import {
+  CHECKPOINT_STAGE_NAMES,
+  CHECKPOINT_STAGES,
+  type CheckpointOutcome,
+  type CheckpointStage,
+  type CheckpointStageSeconds,
+} from '../protocol/controller.js';
 
 /** The failure type of a checkpoint attempt that ended failed (its details: the outcome). */
 export const CHECKPOINT_FAILED = 'checkpoint_failed';
@@ -24,13 +30,7 @@ export function outcomeOfFailure(err: unknown): CheckpointOutcome | undefined {
 }
 
 const STAGES: Array<[keyof CheckpointStageSeconds, string]> = [
-  ['allocate', 'snapshot directory, and no Gym process restarted'],
-  ['candidates', 'shards write their episodes in flight and ledger parts'],
-  ['prepare', 'Gym prepares'],
-  ['commit', 'Gym commits'],
-  ['ledger_cut', 'shards write their ledger parts again (recut)'],
-  ['publish', 'manifest and publish'],
-  ['resume', 'Gym resumes'],
+  ...CHECKPOINT_STAGE_NAMES.map((k): [CheckpointStage, string] => [k, CHECKPOINT_STAGES[k]]),
   ['total', 'start to end'],
 ];
 

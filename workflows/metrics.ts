@@ -5,7 +5,7 @@
 // (a long-lived worker serves many runs, and its series are never dropped). The SDK adds
 // `namespace`, `taskQueue` and `workflowType` (its tag names for custom metrics).
 import { metricMeter } from '@temporalio/workflow';
-import type { CheckpointOutcome } from '../protocol/controller.js';
+import { CHECKPOINT_STAGE_NAMES, type CheckpointOutcome, type CheckpointStage, type CheckpointStageSeconds } from '../protocol/controller.js';
 
 export const METRICS = {
   checkpoints: 'controller_checkpoints_total',
@@ -19,17 +19,11 @@ export const METRICS = {
 } as const;
 
 /** The stages of an outcome's `seconds` record, by their `stage` label (the participants' sum has its own histogram). */
-const STAGES = {
-  allocate: 'allocate',
-  candidates: 'candidates',
-  prepare: 'prepare',
-  commit: 'commit',
-  ledger_cut: 'ledger_cut',
-  publish: 'publish',
-  resume: 'resume',
-  admission_closed_seconds: 'admission_closed',
-  total: 'total',
-} as const;
+const STAGES: Array<[keyof CheckpointStageSeconds, string]> = [
+  ...CHECKPOINT_STAGE_NAMES.map((k): [CheckpointStage, string] => [k, k]),
+  ['admission_closed_seconds', 'admission_closed'],
+  ['total', 'total'],
+];
 
 const counter = (name: string, help: string) => metricMeter.createCounter(name, '', help);
 const seconds = (name: string, help: string) => metricMeter.createHistogram(name, 'float', 's', help);
@@ -38,8 +32,8 @@ const seconds = (name: string, help: string) => metricMeter.createHistogram(name
 export function checkpointRecorded(o: CheckpointOutcome): void {
   counter(METRICS.checkpoints, 'Checkpoint outcomes recorded by the run.').add(1, { outcome: o.outcome, reason: o.reason, trigger: o.trigger });
   const stages = seconds(METRICS.checkpointStageSeconds, 'Seconds of each stage of a checkpoint attempt, and admission closed.');
-  for (const [key, stage] of Object.entries(STAGES)) {
-    const s = o.seconds[key as keyof typeof STAGES];
+  for (const [key, stage] of STAGES) {
+    const s = o.seconds[key];
     if (s !== undefined && s >= 0) stages.record(s, { stage, outcome: o.outcome });
   }
   const gym = o.seconds.gym_participant_seconds;
