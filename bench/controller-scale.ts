@@ -347,6 +347,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     max_pending_children: limits.maxPendingChildren,
     max_pending_activities: limits.maxPendingActivities,
     max_signals_per_s: round3(limits.maxSignalsPerS),
+    busiest_workflow: limits.busiest,
     max_payload_bytes: limits.maxPayloadBytes,
   };
   await workers.shutdown();

@@ -22,7 +22,7 @@ export const BENCHMARKS: Readonly<Record<string, string>> = {
 };
 
 /** Node flags we let through to the benchmark process (profiling, heap). */
-const NODE_FLAG = /^--(cpu-prof|cpu-prof-dir=.*|cpu-prof-interval=.*|heap-prof|max-old-space-size=.*|expose-gc|inspect.*)$/;
+const NODE_FLAG = /^--(trace-gc|cpu-prof|cpu-prof-dir=.*|cpu-prof-interval=.*|heap-prof|max-old-space-size=.*|expose-gc|inspect.*)$/;
 
 function usage(): string {
   const width = Math.max(...Object.keys(BENCHMARKS).map((n) => n.length));

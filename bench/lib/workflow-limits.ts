@@ -92,7 +92,10 @@ export async function executions(client: Client, workflowId: string): Promise<Hi
 }
 
 /** The limits of each workflow ID over all its executions, worst of all. */
-export async function limitsOf(client: Client, workflowIds: readonly string[]): Promise<WorkflowLimits> {
+export async function limitsOf(client: Client, workflowIds: readonly string[]): Promise<WorkflowLimits & { busiest: string }> {
   const each = await Promise.all(workflowIds.map(async (id) => workflowLimits((await executions(client, id)).map((h) => h.events ?? []))));
-  return worstOf(each);
+  const worst = worstOf(each);
+  // Which workflow took the most signals (the limit a cluster feels first).
+  const busiest = workflowIds[each.findIndex((l) => l.maxSignalsPerS === worst.maxSignalsPerS)] ?? '';
+  return { ...worst, busiest };
 }
