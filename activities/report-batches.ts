@@ -29,6 +29,8 @@ interface Target {
   timer?: NodeJS.Timeout;
 }
 
+const NEVER_ABORTED = new AbortController().signal;
+
 export class ReportBatches {
   private readonly targets = new Map<string, Target>();
 
@@ -68,9 +70,13 @@ export class ReportBatches {
     t.sending = true;
     t.lastSentAt = Date.now();
     try {
-      await this.client.workflow.getHandle(reportTo).signal(
-        rolloutsFinished,
-        batch.map((w) => w.report),
+      // Client calls inherit the abort signal of the activity whose context makes them; a batch
+      // carries other activities' reports too, so it is not cancelled with that one.
+      await this.client.withAbortSignal(NEVER_ABORTED, () =>
+        this.client.workflow.getHandle(reportTo).signal(
+          rolloutsFinished,
+          batch.map((w) => w.report),
+        ),
       );
       for (const w of batch) w.resolve('sent');
     } catch (err) {

@@ -15,6 +15,7 @@ interface Sent {
 function recordingClient(): { client: Client; sent: Sent[] } {
   const sent: Sent[] = [];
   const client = {
+    withAbortSignal: <R>(_signal: AbortSignal, fn: () => Promise<R>) => fn(),
     workflow: {
       getHandle: (workflowId: string) => ({
         signal: (def: { name: string }, reports: RolloutReport[]) =>
