@@ -29,9 +29,13 @@ describe('rollout shards', () => {
     expect(shardMaxHistoryEvents(runConfig('s', { controller: { max_history_events: 500 } }))).toBe(500);
   });
 
-  it('report batches from all shards together: at most 20 signals a second into the run', () => {
-    for (const shards of [1, 4, 20, 32, 100]) expect(shards * (1_000 / flushIntervalMs(shards))).toBeLessThanOrEqual(20);
+  it('report batches from all shards together: at most 16 signals a second into the run, in any 10 s', () => {
+    // A shard fits ⌊10 s ÷ interval⌋ + 1 reports into 10 s (one at each end).
+    const in10s = (shards: number) => (shards * (Math.floor(10_000 / flushIntervalMs(shards)) + 1)) / 10;
+    for (let shards = 1; shards <= 160; shards++) expect(in10s(shards)).toBeLessThanOrEqual(16);
+    for (let shards = 1; shards <= 400; shards++) expect(shards * (1_000 / flushIntervalMs(shards))).toBeLessThanOrEqual(16);
     expect(flushIntervalMs(1)).toBe(1_000);
+    expect(flushIntervalMs(32)).toBe(2_001);
   });
 
   it("the /run heartbeat timeout: the configured one, or longer when the window's beats would pass run_heartbeats_per_s", () => {
