@@ -1,6 +1,6 @@
 // Completed rollout reports on their way from the `/run` activities to their shards, batched per
-// shard: at a release thousands of `/run`s end within seconds, and one signal per report took the
-// busiest shard past the ~20 signals a second a workflow should take (docs/performance.md,
+// shard: at a release thousands of `/run`s end within seconds, and one signal per report took a
+// shard to ~21 signals a second, past the ~20 a workflow should take (docs/performance.md,
 // controller-scale at 16,000). This worker sends a shard at most one signal at a time and at most
 // one per `minIntervalMs`; what comes in meanwhile goes out together in the next one. A lone report
 // goes out at once.
