@@ -1,7 +1,7 @@
 // Shared by every benchmark: print a small table and write `bench/results/<name>.json` with the
 // machine it ran on, so a figure is never quoted without its hardware and commit.
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -17,6 +17,12 @@ export interface Machine {
   commit: string | null;
   /** 1-minute load average when the result was written: a busy machine makes every figure worse. */
   load_avg_1m: number;
+  /**
+   * Share of the machine's CPU time the hypervisor gave to other guests while the benchmark ran
+   * (`steal` in /proc/stat, since this module loaded); null off Linux. A VM's neighbours make every
+   * figure slower without any load showing here.
+   */
+  cpu_steal_pct: number | null;
 }
 
 export interface BenchResult {
@@ -28,6 +34,27 @@ export interface BenchResult {
 
 const BENCH_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 export const RESULTS_DIR = path.join(BENCH_DIR, 'results');
+
+/** The `cpu` line of /proc/stat: every field's jiffies, and `steal` (the 8th). */
+function cpuTimes(): { total: number; steal: number } | null {
+  try {
+    const fields = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0]!.trim().split(/\s+/).slice(1).map(Number);
+    if (fields.length < 8 || fields.some((n) => !Number.isFinite(n))) return null;
+    // guest and guest_nice are already counted in user and nice.
+    return { total: fields.slice(0, 8).reduce((a, b) => a + b, 0), steal: fields[7]! };
+  } catch {
+    return null;
+  }
+}
+
+const CPU_AT_START = cpuTimes();
+
+/** Steal since this module loaded, in % of all CPU time (1 decimal). */
+export function cpuStealPct(): number | null {
+  const now = cpuTimes();
+  if (!CPU_AT_START || !now || now.total <= CPU_AT_START.total) return null;
+  return Math.round((1000 * (now.steal - CPU_AT_START.steal)) / (now.total - CPU_AT_START.total)) / 10;
+}
 
 export function machine(): Machine {
   let commit: string | null = null;
@@ -45,12 +72,20 @@ export function machine(): Machine {
     node: process.version,
     commit,
     load_avg_1m: Math.round(os.loadavg()[0]! * 100) / 100,
+    cpu_steal_pct: cpuStealPct(),
   };
 }
 
-/** Writes `bench/results/<name>.json` and returns its path. */
+/** The machine in one line, for the bench's output beside its figures. */
+export function machineLine(m: Machine): string {
+  const steal = m.cpu_steal_pct === null ? 'unknown' : `${m.cpu_steal_pct} %`;
+  return `machine: ${m.cores} cores, ${m.memory_gb} GB, Node ${m.node}, commit ${m.commit?.slice(0, 7) ?? 'none'}, load ${m.load_avg_1m}, CPU steal during the run ${steal}`;
+}
+
+/** Writes `bench/results/<name>.json`, prints its machine line, and returns its path. */
 export function writeBenchResult(name: string, figures: Record<string, number | null>, rows: Row[]): string {
   const result: BenchResult = { name, machine: machine(), figures, rows };
+  console.log(machineLine(result.machine));
   mkdirSync(RESULTS_DIR, { recursive: true });
   const file = path.join(RESULTS_DIR, `${name}.json`);
   writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
