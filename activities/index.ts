@@ -10,6 +10,7 @@ import { createGymActivities } from './gym.js';
 import { createLoaderActivities } from './loader.js';
 import { createMetricsActivities } from './metrics.js';
 import { createRolloutActivities, createRunPool } from './rollouts.js';
+import { createShardSignalActivities } from './shard-signals.js';
 import { createSnapshotActivities } from './snapshots.js';
 import { createTrainerActivities, type TrainerDeps } from './trainer.js';
 
@@ -48,6 +49,7 @@ export function createActivities(deps: ActivityDeps) {
     ...createMetricsActivities(),
     ...createLoaderActivities(),
     ...createAttemptStartActivities(),
+    ...createShardSignalActivities(),
     ...createTrainerActivities({ ...(deps.log ? { log: deps.log } : {}), ...deps.trainer }),
   };
 }
@@ -68,5 +70,6 @@ export type {
   GymRetireOutcome,
 } from './gym.js';
 export type { AttemptStart, StartRolloutAttemptsInput, StartRolloutAttemptsOutcome } from './attempt-starts.js';
+export type { SignalShardsInput, SignalShardsOutcome } from './shard-signals.js';
 export type { LoadPromptGroupsInput, LoadedPromptGroup, LoadedPromptGroups } from './loader.js';
 export type { LatestSnapshot, SkippedSnapshot } from './snapshots.js';

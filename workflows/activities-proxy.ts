@@ -156,6 +156,18 @@ export function checkpointProbeLocalActivities(prepareTimeoutS: number): LocalAc
   });
 }
 
+/**
+ * A checkpoint attempt's signals to its run's shards (activities/shard-signals.ts), in the
+ * workflow's own worker: each signal is tried a few times inside, so the activity is not retried
+ * (a shard not reached is in its outcome).
+ */
+export function shardSignalLocalActivities(): LocalActivities {
+  return proxyLocalActivities<ActivityFunctions>({
+    startToCloseTimeout: '1 minute',
+    retry: { maximumAttempts: 1 },
+  });
+}
+
 /** One long `/run`: hours at most, a heartbeat to notice a dead worker, unlimited transient retries. */
 export function runActivities(placement: ActivityPlacement, heartbeatTimeoutS: number): Activities {
   return proxy(placement, {

@@ -4,7 +4,7 @@
 // The candidates request closes admission in every shard (it carries the holds). A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
-import { getExternalWorkflowHandle, setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
+import { setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
 import {
   groupOfRollout,
   shardOf,
@@ -18,14 +18,19 @@ import {
   type SnapshotManifestSlim,
 } from '../protocol/controller.js';
 import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
-import { checkpointProbeLocalActivities, controlActivities, storageActivities, storageLocalActivities } from './activities-proxy.js';
+import {
+  checkpointProbeLocalActivities,
+  controlActivities,
+  shardSignalLocalActivities,
+  storageActivities,
+  storageLocalActivities,
+} from './activities-proxy.js';
 import { AttemptFailed, GymRestarted, classify, gymCall, requireAnswers } from './checkpoint-failure.js';
 import { checkpointDetails, checkpointFailure } from './checkpoint-outcome.js';
 import { describeFailure, unreachableServers } from './failures.js';
-import { HOLDERS, releasedHolds, setHolds, type Holds } from './messages.js';
-import { ShardAsker, allShards } from './shard-asker.js';
+import { HOLDERS, releasedHolds, type Holds } from './messages.js';
+import { ShardAsker, allShards, type ShardSender } from './shard-asker.js';
 import { CHECKPOINT_OUTCOME, CHECKPOINT_REASON } from './search-attributes.js';
-import { shardWorkflowId } from './shard-id.js';
 
 export interface CheckpointAttemptInput {
   run: string;
@@ -62,7 +67,10 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   const discovery = checkpointProbeLocalActivities(input.prepareTimeoutS);
   const id = input.checkpointId;
   let asked = 0;
-  const shards = new ShardAsker(input.run, () => ++asked, checkpointWorkflowId(input.run, id), id);
+  // The shards hear the requests from a local activity, all at once (activities/shard-signals.ts).
+  const signals = shardSignalLocalActivities();
+  const send: ShardSender = async (requests) => (await signals.signalShards({ run: input.run, requests })).failed;
+  const shards = new ShardAsker(input.run, () => ++asked, checkpointWorkflowId(input.run, id), id, send);
   const everyShard = allShards(input.shards);
   const shardTimeoutMs = Math.max(30, input.prepareTimeoutS) * 1000;
   const seconds: CheckpointStageSeconds = {};
@@ -228,13 +236,10 @@ export function checkpointWorkflowId(run: string, checkpointId: string): string 
 async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
   const holds = releasedHolds(input.holds, HOLDERS.checkpoint);
   const at = Date.now();
-  await Promise.all(
-    allShards(input.shards).map((k) =>
-      getExternalWorkflowHandle(shardWorkflowId(input.run, k))
-        .signal(setHolds, holds)
-        .catch(() => undefined),
-    ),
-  );
+  // Best effort: a shard not reached gets the same holds from the run with the outcome.
+  await shardSignalLocalActivities()
+    .signalShards({ run: input.run, holds: { shards: allShards(input.shards), holds } })
+    .catch(() => undefined);
   return at;
 }
 

@@ -25,7 +25,7 @@ import { startDeadlineClock } from './shard/deadline-clock.js';
 import { dispatch, forgetFinished } from './shard/dispatch.js';
 import { settleLiveFailures } from './shard/live-failures.js';
 import { answerRequests } from './shard/requests.js';
-import { applyHolds, groupIndex, initialShardState, type ShardState } from './shard/state.js';
+import { applyHolds, groupIndex, initialShardState, knownRequest, type ShardState } from './shard/state.js';
 import { signalExpired, stopAbandoned, takeReports } from './shard/stops.js';
 
 export type { RolloutShardInput } from './shard/context.js';
@@ -66,6 +66,7 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     ctx.wake();
   });
   setHandler(shardRequest, (r) => {
+    if (knownRequest(st, r.id)) return;
     // A checkpoint's candidates request carries its holds: nothing is dispatched after it arrives.
     if (r.kind === 'candidates') applyHolds(st, r.holds);
     st.requests.push(r);

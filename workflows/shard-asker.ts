@@ -5,6 +5,13 @@ import { condition, getExternalWorkflowHandle, isCancellation, setHandler, sleep
 import { shardAnswer, shardRequest, type ShardAnswer, type ShardRequest, type ShardRequestBody } from './messages.js';
 import { shardWorkflowId } from './shard-id.js';
 
+/**
+ * Sends each request to its shard; the shards it could not reach, with why. The default sends them
+ * as this workflow's signal commands; a checkpoint attempt sends them from a local activity
+ * (activities/shard-signals.ts: the server carries out one workflow's signal commands one after another).
+ */
+export type ShardSender = (requests: Array<{ shard: number; request: ShardRequest }>) => Promise<Array<{ shard: number; error: string }>>;
+
 export class ShardAsker {
   private readonly answers = new Map<string, ShardAnswer>();
 
@@ -13,10 +20,11 @@ export class ShardAsker {
    * counter is in its state, so it survives continue-as-new).
    */
   constructor(
-    private readonly run: string,
+    run: string,
     private readonly nextSeq: () => number,
     private readonly replyTo: string = run,
     private readonly prefix: string = run,
+    private readonly send: ShardSender = (requests) => signalEach(run, requests),
   ) {
     setHandler(shardAnswer, (a) => {
       this.answers.set(a.id, a);
@@ -30,14 +38,11 @@ export class ShardAsker {
   async ask(shards: readonly number[], request: (shard: number) => ShardRequestBody, timeoutMs?: number): Promise<ShardAnswer[]> {
     const seq = this.nextSeq();
     const ids = shards.map((k) => `${this.prefix}/req-${seq}/${k}`);
+    const requests = shards.map((shard, i) => ({ shard, request: { ...request(shard), id: ids[i]!, replyTo: this.replyTo } as ShardRequest }));
     const failed = new Map<string, string>();
-    await Promise.all(
-      shards.map(async (k, i) => {
-        const req = { ...request(k), id: ids[i]!, replyTo: this.replyTo } as ShardRequest;
-        const err = await signalShard(shardWorkflowId(this.run, k), req);
-        if (err !== undefined) failed.set(ids[i]!, `shard ${k} could not be asked: ${err}`);
-      }),
-    );
+    for (const { shard, error } of await this.send(requests)) {
+      failed.set(ids[shards.indexOf(shard)]!, `shard ${shard} could not be asked: ${error}`);
+    }
     const done = (): boolean => ids.every((id) => this.answers.has(id) || failed.has(id));
     if (timeoutMs === undefined) await condition(done);
     else await condition(done, timeoutMs);
@@ -47,6 +52,17 @@ export class ShardAsker {
       return a ?? { id, shard: shards[i]!, error: failed.get(id) ?? `shard ${shards[i]} did not answer within ${timeoutMs} ms` };
     });
   }
+}
+
+async function signalEach(run: string, requests: Array<{ shard: number; request: ShardRequest }>): Promise<Array<{ shard: number; error: string }>> {
+  const failed: Array<{ shard: number; error: string }> = [];
+  await Promise.all(
+    requests.map(async ({ shard, request }) => {
+      const error = await signalShard(shardWorkflowId(run, shard), request);
+      if (error !== undefined) failed.push({ shard, error });
+    }),
+  );
+  return failed;
 }
 
 /**

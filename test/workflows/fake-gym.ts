@@ -7,6 +7,7 @@ import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { Activities } from '../../activities/index.js';
 import { createAttemptStartActivities } from '../../activities/attempt-starts.js';
+import { createShardSignalActivities } from '../../activities/shard-signals.js';
 import { writeBatchPart, writeLedgerPart } from '../../activities/controller-files.js';
 import { deliverReport } from '../../activities/rollouts.js';
 import { isPackedJson, unpackJson } from '../../protocol/packed-json.js';
@@ -463,8 +464,9 @@ export class FakeGym {
       appendCheckpointMetrics: async (input) => {
         this.metrics.push(input.outcome);
       },
-      // The controller's own: it starts the attempt workflows on the test server.
+      // The controller's own: it starts the attempt workflows and signals the shards on the test server.
       ...createAttemptStartActivities(),
+      ...createShardSignalActivities(),
     };
     return acts;
   }

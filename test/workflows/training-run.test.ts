@@ -87,22 +87,28 @@ async function historyEvents(workflowId: string) {
  * The attempt asks its shards for their candidates with the checkpoint's holds in the request
  * (their admission closes with it, and each writes its ledger part with its candidates), prepares
  * Gym once every shard answered, sends no request beside the commit, and once Gym resumed releases
- * their hold itself.
+ * their hold itself. Both go from local activities (activities/shard-signals.ts), not as signal
+ * commands: each shard's history has the request.
  */
 async function expectShardRequestsBeforePrepare(checkpointWorkflow: string, shards = 1): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
-  const signals = events
-    .filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)
-    .map((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes!);
-  expect(signals.map((a) => a.signalName)).toEqual([...Array(shards).fill('shardRequest'), ...Array(shards).fill('setHolds')]);
-  const candidates = JSON.parse(Buffer.from(signals[0]!.input!.payloads![0]!.data!).toString()) as { kind: string; holds: { admission: string[] } };
-  expect(candidates).toMatchObject({ kind: 'candidates', holds: { admission: [HOLDERS.checkpoint] } });
-  const taskOf = (a: { workflowTaskCompletedEventId?: unknown }): number => Number(a.workflowTaskCompletedEventId);
-  const taskOfActivity = (name: string): number =>
-    taskOf(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === name)!.activityTaskScheduledEventAttributes!);
+  expect(events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)).toEqual([]);
+  const sends = events.filter((e) => localActivityType(e) === 'signalShards').map((e) => Number(e.eventId));
+  const prepareAt = Number(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare')!.eventId);
+  expect(sends).toHaveLength(2); // the candidates requests, then the release
+  expect(sends[0]).toBeLessThan(prepareAt);
+  expect(sends[1]).toBeGreaterThan(prepareAt);
   const answered = events.filter((e) => e.workflowExecutionSignaledEventAttributes?.signalName === 'shardAnswer').map((e) => Number(e.eventId));
-  expect(taskOf(signals[0]!)).toBeLessThan(taskOfActivity('gymPrepare'));
-  expect(Math.max(...answered.slice(0, shards))).toBeLessThan(taskOfActivity('gymPrepare'));
+  expect(Math.max(...answered.slice(0, shards))).toBeLessThan(prepareAt);
+  const [run, checkpointId] = checkpointWorkflow.split('/checkpoint/') as [string, string];
+  for (let k = 0; k < shards; k++) {
+    const requests = (await historyEvents(shardWorkflowId(run, k)))
+      .map((e) => e.workflowExecutionSignaledEventAttributes)
+      .filter((a) => a?.signalName === 'shardRequest')
+      .map((a) => JSON.parse(Buffer.from(a!.input!.payloads![0]!.data!).toString()) as { id: string; kind: string; holds?: { admission: string[] } })
+      .filter((r) => r.id.startsWith(`${checkpointId}/req-`));
+    expect(requests[0]).toMatchObject({ kind: 'candidates', holds: { admission: [HOLDERS.checkpoint] } });
+  }
 }
 
 type HistoryEvent = Awaited<ReturnType<typeof historyEvents>>[number];
@@ -133,7 +139,8 @@ async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> 
   expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
   // Allocation and the restart check added no workflow task of their own: the candidates requests
   // went out in the attempt's first workflow task.
-  const asked = events.findIndex((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes?.signalName === 'shardRequest');
+  const asked = stageAt(events, 'signalShards');
+  expect(asked).toBeGreaterThan(0);
   expect(events.slice(0, asked).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
 }
 

@@ -10,7 +10,7 @@ import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import type { ShardContext } from './context.js';
 import { forgetAll } from './dispatch.js';
-import { groupIndex } from './state.js';
+import { groupIndex, rememberAnswered } from './state.js';
 import { takeReports } from './stops.js';
 
 /** Answers every request that can be answered now; a `drain` waits until nothing is in flight (undefined: none answerable now). */
@@ -35,6 +35,7 @@ async function answerAll(ctx: ShardContext): Promise<void> {
       answer = { error: describeFailure(err) };
     }
     st.requests.shift();
+    rememberAnswered(st, req.id);
     await getExternalWorkflowHandle(req.replyTo)
       .signal(shardAnswer, { id: req.id, shard: ctx.input.shard, ...answer })
       .catch((err: unknown) => log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: String(err) }));

@@ -42,6 +42,11 @@ export interface ShardState {
   unconfirmedFailures: RolloutReport[];
   /** Requests not answered yet (a `drain` waits for the attempts in flight). */
   requests: ShardRequest[];
+  /**
+   * The IDs of the last requests answered (`ANSWERED_REQUESTS_KEPT`): a request sent again (a
+   * checkpoint attempt's local activity runs again on a replay) is neither answered nor carried out twice.
+   */
+  answeredRequests: string[];
   /** What the next report to the run carries. */
   sealed: number[];
   completed: number;
@@ -72,6 +77,7 @@ export function initialShardState(run: string, holds: Holds): ShardState {
     reports: [],
     unconfirmedFailures: [],
     requests: [],
+    answeredRequests: [],
     sealed: [],
     completed: 0,
     failed: 0,
@@ -83,6 +89,19 @@ export function initialShardState(run: string, holds: Holds): ShardState {
     loadError: null,
     closed: false,
   };
+}
+
+export const ANSWERED_REQUESTS_KEPT = 64;
+
+/** A request with this ID is waiting or was answered lately. */
+export function knownRequest(st: ShardState, id: string): boolean {
+  return st.requests.some((r) => r.id === id) || st.answeredRequests.includes(id);
+}
+
+/** Remembers an answered request's ID (the last `ANSWERED_REQUESTS_KEPT`). */
+export function rememberAnswered(st: ShardState, id: string): void {
+  st.answeredRequests.push(id);
+  if (st.answeredRequests.length > ANSWERED_REQUESTS_KEPT) st.answeredRequests.splice(0, st.answeredRequests.length - ANSWERED_REQUESTS_KEPT);
 }
 
 /** Applies the run's holds (newer than the ones held): admission, and the deadline clock's holders. */
