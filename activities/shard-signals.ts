@@ -1,13 +1,17 @@
-// A checkpoint attempt's signals to every rollout shard of its run (its candidates request, then
-// the release of its holds), sent by the worker's client side by side. Why not as the attempt's
-// own signal commands: the server carries out one workflow's signal commands one after another
-// (each is a task of the sender's execution, which it locks to record the delivery), so the last
-// shard heard that admission closed only after every other one, a wait that grows with the number
-// of shards. From a client each signal is one call into its shard's execution, and they go at once.
+// The signals between a checkpoint attempt and the rollout shards of its run, sent by the worker's
+// client instead of as workflow commands: the attempt's candidates request and the release of its
+// holds to every shard, and each shard's answer. Why: the server carries out one workflow's signal
+// commands one after another (each is a task of the sender's execution, which it locks to record
+// the delivery), so the last shard heard that admission closed only after every other one, a wait
+// that grows with the number of shards; and a signal command's delivery is recorded back in its
+// sender, which then takes one more workflow task only to see it through. From a client each
+// signal is one call into its target's execution, and they go at once.
 // Safe to send twice (a replay runs a local activity again): a shard answers a request ID once
-// (workflows/shard/state.ts `answeredRequests`), and applies holds only when newer than its own.
+// (workflows/shard/state.ts `answeredRequests`), applies holds only when newer than its own, and an
+// asker keeps one answer per request ID.
 import { Context } from '@temporalio/activity';
-import { type Holds, type ShardRequest, setHolds, shardRequest } from '../workflows/messages.js';
+import { WorkflowNotFoundError } from '@temporalio/common';
+import { type Holds, type ShardAnswer, type ShardRequest, setHolds, shardAnswer, shardRequest } from '../workflows/messages.js';
 import { shardWorkflowId } from '../workflows/shard-id.js';
 
 export interface SignalShardsInput {
@@ -55,11 +59,20 @@ export function createShardSignalActivities() {
       );
       return { failed: failed.sort((a, b) => a.shard - b.shard) };
     },
+
+    /** A shard's answer to the workflow that asked; `delivered: false` when that workflow is gone (or could not be reached). */
+    async answerShardRequest(input: { replyTo: string; answer: ShardAnswer }): Promise<{ delivered: boolean; error?: string }> {
+      const ctx = Context.current();
+      const handle = ctx.client.workflow.getHandle(input.replyTo);
+      // An asker that is not found has ended (it does not continue as new while it waits): nobody waits for the answer.
+      const error = await sendWithRetries(() => handle.signal(shardAnswer, input.answer), ctx.cancellationSignal, false);
+      return error === undefined ? { delivered: true } : { delivered: false, error };
+    },
   };
 }
 
-/** The last error, or undefined once delivered. */
-async function sendWithRetries(send: () => Promise<void>, cancelled: AbortSignal): Promise<string | undefined> {
+/** The last error, or undefined once delivered. A workflow not found is tried again only with `retryNotFound` (a shard in its continue-as-new). */
+async function sendWithRetries(send: () => Promise<void>, cancelled: AbortSignal, retryNotFound = true): Promise<string | undefined> {
   let last = '';
   for (let attempt = 1; attempt <= SIGNAL_ATTEMPTS && !cancelled.aborted; attempt++) {
     try {
@@ -67,6 +80,7 @@ async function sendWithRetries(send: () => Promise<void>, cancelled: AbortSignal
       return undefined;
     } catch (err) {
       last = String(err);
+      if (err instanceof WorkflowNotFoundError && !retryNotFound) return last;
     }
     if (attempt < SIGNAL_ATTEMPTS) await new Promise((resolve) => setTimeout(resolve, RETRY_DELAY_MS));
   }

@@ -8,6 +8,7 @@ import {
   attemptStartActivities,
   controlActivities,
   gymProbeActivities,
+  shardSignalLocalActivities,
   storageLocalActivities,
   type Activities,
   type LocalActivities,
@@ -50,6 +51,8 @@ export class ShardContext {
   readonly starts: Activities;
   readonly gymProbe: Activities;
   readonly files: LocalActivities;
+  /** Answers go from a local activity (activities/shard-signals.ts). */
+  readonly signals: LocalActivities;
   /** Something happened the main loop must look at. */
   changed = false;
   /** The deadline clock ticked past some deadline: signalExpired() looks. */
@@ -74,6 +77,7 @@ export class ShardContext {
     this.starts = attemptStartActivities(placement);
     this.gymProbe = gymProbeActivities(placement);
     this.files = storageLocalActivities();
+    this.signals = shardSignalLocalActivities();
   }
 
   wake(): void {

@@ -1,12 +1,12 @@
 // A shard's answers to the requests of the run and of checkpoint attempts (messages.ts
 // ShardRequest): its part of a checkpoint's cut, of a recovery, of a training step. Each request
 // is answered once, to the workflow that asked.
-import { condition, getExternalWorkflowHandle, isCancellation, log, sleep } from '@temporalio/workflow';
+import { condition, isCancellation, log, sleep } from '@temporalio/workflow';
 import type { FileDigest } from '../../protocol/controller.js';
 import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
 import { describeFailure } from '../failures.js';
 import * as L from '../ledger.js';
-import { shardAnswer, type ShardAnswer, type ShardRequest } from '../messages.js';
+import type { ShardAnswer, ShardRequest } from '../messages.js';
 import { planRecovery, restoredRollouts, settleRecovery } from '../recovery-plan.js';
 import type { ShardContext } from './context.js';
 import { forgetAll } from './dispatch.js';
@@ -36,9 +36,15 @@ async function answerAll(ctx: ShardContext): Promise<void> {
     }
     st.requests.shift();
     rememberAnswered(st, req.id);
-    await getExternalWorkflowHandle(req.replyTo)
-      .signal(shardAnswer, { id: req.id, shard: ctx.input.shard, ...answer })
-      .catch((err: unknown) => log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: String(err) }));
+    // From a local activity: a signal command would cost the shard one more workflow task to see
+    // its delivery recorded (activities/shard-signals.ts).
+    const sent = await ctx.signals
+      .answerShardRequest({ replyTo: req.replyTo, answer: { id: req.id, shard: ctx.input.shard, ...answer } })
+      .catch((err: unknown) => {
+        if (isCancellation(err)) throw err;
+        return { delivered: false, error: String(err) };
+      });
+    if (!sent.delivered) log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: sent.error });
   }
 }
 
