@@ -7,10 +7,9 @@
 // Idempotent: an ID is never reused (REJECT_DUPLICATE), so a start repeated after a retry, or
 // after the attempt already ended, is refused as already started and counted as started.
 import { Context } from '@temporalio/activity';
-import { Client, WorkflowExecutionAlreadyStartedError, type WorkflowClientInterceptor } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
 import { WorkflowIdReusePolicy } from '@temporalio/common';
-import { OpenTelemetryWorkflowClientInterceptor } from '@temporalio/interceptors-opentelemetry';
-import { tracingOn } from '../servers/common/tracing.js';
+import { activityClient } from './traced-client.js';
 import type { RolloutAttemptInput } from '../workflows/rolloutAttempt.js';
 import { ROLLOUT_CONTINUED, ROLLOUT_STATUS, RUN_NAME } from '../workflows/search-attributes.js';
 
@@ -41,25 +40,11 @@ export interface StartRolloutAttemptsOutcome {
 const START_WINDOW = 16;
 
 export function createAttemptStartActivities() {
-  /** The clients by connection: one with the tracing interceptor when this process traces. */
-  const clients = new WeakMap<object, Client>();
-  const clientOf = (ctx: Context): Client => {
-    const base = ctx.client;
-    if (!tracingOn()) return base;
-    let client = clients.get(base.connection);
-    if (!client) {
-      // The attempt's trace links to the start's span, a child of this activity's.
-      const workflow: WorkflowClientInterceptor[] = [new OpenTelemetryWorkflowClientInterceptor()];
-      client = new Client({ connection: base.connection, namespace: ctx.info.workflowNamespace, interceptors: { workflow } });
-      clients.set(base.connection, client);
-    }
-    return client;
-  };
-
   return {
     async startRolloutAttempts(input: StartRolloutAttemptsInput): Promise<StartRolloutAttemptsOutcome> {
       const ctx = Context.current();
-      const client = clientOf(ctx);
+      // The attempt's trace links to the start's span, a child of this activity's.
+      const client = activityClient(ctx);
       const out: StartRolloutAttemptsOutcome = { started: 0, alreadyStarted: 0 };
       let next = 0;
       const lane = async (): Promise<void> => {

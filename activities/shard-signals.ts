@@ -11,6 +11,7 @@
 // asker keeps one answer per request ID.
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError } from '@temporalio/common';
+import { activityClient } from './traced-client.js';
 import { type Holds, type ShardAnswer, type ShardRequest, setHolds, shardAnswer, shardRequest } from '../workflows/messages.js';
 import { shardWorkflowId } from '../workflows/shard-id.js';
 
@@ -39,7 +40,7 @@ export function createShardSignalActivities() {
   return {
     async signalShards(input: SignalShardsInput): Promise<SignalShardsOutcome> {
       const ctx = Context.current();
-      const client = ctx.client;
+      const client = activityClient(ctx);
       const sends: Array<{ shard: number; send: () => Promise<void> }> = [
         ...(input.requests ?? []).map(({ shard, request }) => ({
           shard,
@@ -63,7 +64,7 @@ export function createShardSignalActivities() {
     /** A shard's answer to the workflow that asked; `delivered: false` when that workflow is gone (or could not be reached). */
     async answerShardRequest(input: { replyTo: string; answer: ShardAnswer }): Promise<{ delivered: boolean; error?: string }> {
       const ctx = Context.current();
-      const handle = ctx.client.workflow.getHandle(input.replyTo);
+      const handle = activityClient(ctx).workflow.getHandle(input.replyTo);
       // An asker that is not found has ended (it does not continue as new while it waits): nobody waits for the answer.
       const error = await sendWithRetries(() => handle.signal(shardAnswer, input.answer), ctx.cancellationSignal, false);
       return error === undefined ? { delivered: true } : { delivered: false, error };
