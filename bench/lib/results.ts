@@ -13,7 +13,7 @@ export interface Machine {
   cores: number;
   memory_gb: number;
   node: string;
-  /** `git rev-parse HEAD`, or null outside a repository / before the first commit. */
+  /** `git rev-parse HEAD` when the benchmark started, or null outside a repository / before the first commit. */
   commit: string | null;
   /** 1-minute load average when the result was written: a busy machine makes every figure worse. */
   load_avg_1m: number;
@@ -56,16 +56,23 @@ export function cpuStealPct(): number | null {
   return Math.round((1000 * (now.steal - CPU_AT_START.steal)) / (now.total - CPU_AT_START.total)) / 10;
 }
 
-export function machine(): Machine {
-  let commit: string | null = null;
+/** `git rev-parse HEAD` when the benchmark started: the code it loaded (a commit made during a long run is not it). */
+function headCommit(): string | null {
   try {
-    commit =
+    return (
       execFileSync('git', ['rev-parse', 'HEAD'], { cwd: BENCH_DIR, stdio: ['ignore', 'pipe', 'ignore'] })
         .toString()
-        .trim() || null;
+        .trim() || null
+    );
   } catch {
-    commit = null;
+    return null;
   }
+}
+
+const COMMIT_AT_START = headCommit();
+
+export function machine(): Machine {
+  const commit = COMMIT_AT_START;
   return {
     cores: os.availableParallelism?.() ?? os.cpus().length,
     memory_gb: Math.round((os.totalmem() / 2 ** 30) * 10) / 10,
