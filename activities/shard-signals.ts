@@ -11,6 +11,8 @@
 // asker keeps one answer per request ID.
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError } from '@temporalio/common';
+import type { FileDigest } from '../protocol/controller.js';
+import { type WriteCandidatesInput, type WriteLedgerPartInput, writeCandidates, writeLedgerPart } from './controller-files.js';
 import { activityClient } from './traced-client.js';
 import { type Holds, type ShardAnswer, type ShardRequest, setHolds, shardAnswer, shardRequest } from '../workflows/messages.js';
 import { shardWorkflowId } from '../workflows/shard-id.js';
@@ -36,7 +38,13 @@ export interface SignalShardsOutcome {
 const SIGNAL_ATTEMPTS = 5;
 const RETRY_DELAY_MS = 1_000;
 
-export function createShardSignalActivities() {
+/** Where a cut's files go (the controller's files; a test's fake Gym records them instead). */
+export interface CutWriters {
+  writeCandidates: (input: WriteCandidatesInput) => Promise<{ count: number }>;
+  writeLedgerPart: (input: WriteLedgerPartInput) => Promise<FileDigest>;
+}
+
+export function createShardSignalActivities(files: CutWriters = { writeCandidates, writeLedgerPart }) {
   return {
     async signalShards(input: SignalShardsInput): Promise<SignalShardsOutcome> {
       const ctx = Context.current();
@@ -62,14 +70,52 @@ export function createShardSignalActivities() {
     },
 
     /** A shard's answer to the workflow that asked; `delivered: false` when that workflow is gone (or could not be reached). */
-    async answerShardRequest(input: { replyTo: string; answer: ShardAnswer }): Promise<{ delivered: boolean; error?: string }> {
-      const ctx = Context.current();
-      const handle = activityClient(ctx).workflow.getHandle(input.replyTo);
-      // An asker that is not found has ended (it does not continue as new while it waits): nobody waits for the answer.
-      const error = await sendWithRetries(() => handle.signal(shardAnswer, input.answer), ctx.cancellationSignal, false);
-      return error === undefined ? { delivered: true } : { delivered: false, error };
+    async answerShardRequest(input: { replyTo: string; answer: ShardAnswer }): Promise<AnswerDelivery> {
+      return sendAnswer(input.replyTo, input.answer);
+    },
+
+    /**
+     * A shard's answer to a checkpoint's candidates request: its candidates and its ledger part
+     * written side by side, then the answer with their count and digest (or with why they could not
+     * be written). One local activity, so the shard's workflow takes the fewest activations while
+     * admission is closed. Both files are idempotent, and so is the answer (see above).
+     */
+    async answerWithCut(input: AnswerWithCutInput): Promise<AnswerDelivery & { count?: number; part?: FileDigest }> {
+      const { tmpDir, shard, episodes, ledger } = input.cut;
+      let cut: { count: number; part: FileDigest } | undefined;
+      let failure: string | undefined;
+      try {
+        const [{ count }, part] = await Promise.all([
+          files.writeCandidates({ tmpDir, shard, episodes }),
+          files.writeLedgerPart({ dir: tmpDir, shard, ledger }),
+        ]);
+        cut = { count, part };
+      } catch (err) {
+        failure = err instanceof Error ? err.message : String(err);
+      }
+      const delivery = await sendAnswer(input.replyTo, { ...input.answer, ...(cut ?? { error: failure }) });
+      return { ...delivery, ...cut };
     },
   };
+}
+
+export interface AnswerDelivery {
+  delivered: boolean;
+  error?: string;
+}
+
+export interface AnswerWithCutInput {
+  replyTo: string;
+  answer: Pick<ShardAnswer, 'id' | 'shard'>;
+  cut: WriteCandidatesInput & { ledger: unknown };
+}
+
+async function sendAnswer(replyTo: string, answer: ShardAnswer): Promise<AnswerDelivery> {
+  const ctx = Context.current();
+  const handle = activityClient(ctx).workflow.getHandle(replyTo);
+  // An asker that is not found has ended (it does not continue as new while it waits): nobody waits for the answer.
+  const error = await sendWithRetries(() => handle.signal(shardAnswer, answer), ctx.cancellationSignal, false);
+  return error === undefined ? { delivered: true } : { delivered: false, error };
 }
 
 /** The last error, or undefined once delivered. A workflow not found is tried again only with `retryNotFound` (a shard in its continue-as-new). */

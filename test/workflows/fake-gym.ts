@@ -466,8 +466,9 @@ export class FakeGym {
       },
       // The controller's own: it starts the attempt workflows and signals the shards on the test server.
       ...createAttemptStartActivities(),
-      ...createShardSignalActivities(),
     };
+    // A cut's files go to this fake too; the answers go through the test server.
+    Object.assign(acts, createShardSignalActivities({ writeCandidates: acts.writeCandidates!, writeLedgerPart: acts.writeLedgerPart! }));
     return acts;
   }
 }

@@ -27,6 +27,10 @@ async function answerAll(ctx: ShardContext): Promise<void> {
   const { st } = ctx;
   while (answerable(ctx)) {
     const req = st.requests[0]!;
+    if (req.kind === 'candidates') {
+      await answerWithCut(ctx, req);
+      continue;
+    }
     let answer: Omit<ShardAnswer, 'id' | 'shard'>;
     try {
       answer = await handle(ctx, req);
@@ -52,7 +56,7 @@ async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardA
   const { st, input } = ctx;
   switch (req.kind) {
     case 'candidates':
-      return writeCut(ctx, req.tmpDir);
+      throw new Error('unreachable: answerWithCut answers candidates');
     case 'recut':
       return { part: await recut(ctx, req.tmpDir, req.unsettled, req.waitMs) };
     case 'drain':
@@ -88,16 +92,39 @@ function candidates(ctx: ShardContext): EpisodeId[] {
 
 /**
  * The shard's side of a checkpoint's cut, written the moment admission closes (before Gym
- * prepares): the scope's candidates and the ledger slice as it stands, side by side (local
- * activities: they stay out of the history). Until Gym's cut the slice can change only by attempts
+ * prepares): the scope's candidates and the ledger slice as it stands, side by side, and the
+ * answer with them, all in one local activity (it stays out of the history, and the shard takes two
+ * activations while admission is closed). Until Gym's cut the slice can change only by attempts
  * that end, and Gym commits none of those: the commit names them and the shard writes its part
  * again (recut). So no second round of requests runs beside the commit.
  */
-async function writeCut(ctx: ShardContext, tmpDir: string): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'candidates' }>): Promise<void> {
+  const { st, input } = ctx;
   takeReports(ctx);
-  const episodes = candidates(ctx);
-  const [{ count }, part] = await Promise.all([ctx.files.writeCandidates({ tmpDir, shard: ctx.input.shard, episodes }), writeLedgerCut(ctx, tmpDir)]);
-  return { count, part };
+  const inFlight = new Set(Object.keys(st.inFlight));
+  const sent = await ctx.signals
+    .answerWithCut({
+      replyTo: req.replyTo,
+      answer: { id: req.id, shard: input.shard },
+      cut: { tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx), ledger: st.ledger },
+    })
+    .catch(async (err: unknown) => {
+      if (isCancellation(err)) throw err;
+      // The activity failed as a whole (it answers a failed write itself): the asker still hears why.
+      const answer = { id: req.id, shard: input.shard, error: describeFailure(err) };
+      const delivery = await ctx.signals.answerShardRequest({ replyTo: req.replyTo, answer }).catch((e: unknown) => {
+        if (isCancellation(e)) throw e;
+        return { delivered: false, error: String(e) };
+      });
+      return { ...delivery, part: undefined };
+    });
+  if (sent.part) {
+    ctx.lastCutInFlight = inFlight;
+    ctx.lastCutPart = sent.part;
+  }
+  st.requests.shift();
+  rememberAnswered(st, req.id);
+  if (!sent.delivered) log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: sent.error });
 }
 
 /** The ledger slice as it stands, into the temp snapshot; remembers what was in flight then (recut). */
