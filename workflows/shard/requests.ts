@@ -27,36 +27,38 @@ async function answerAll(ctx: ShardContext): Promise<void> {
   const { st } = ctx;
   while (answerable(ctx)) {
     const req = st.requests[0]!;
-    if (req.kind === 'candidates') {
-      await answerWithCut(ctx, req);
-      continue;
-    }
-    let answer: Omit<ShardAnswer, 'id' | 'shard'>;
-    try {
-      answer = await handle(ctx, req);
-    } catch (err) {
-      if (isCancellation(err)) throw err;
-      answer = { error: describeFailure(err) };
-    }
+    const sent = req.kind === 'candidates' ? await answerWithCut(ctx, req) : await sendAnswer(ctx, req, await answerOf(ctx, req));
     st.requests.shift();
     rememberAnswered(st, req.id);
-    // From a local activity: a signal command would cost the shard one more workflow task to see
-    // its delivery recorded (activities/shard-signals.ts).
-    const sent = await ctx.signals
-      .answerShardRequest({ replyTo: req.replyTo, answer: { id: req.id, shard: ctx.input.shard, ...answer } })
-      .catch((err: unknown) => {
-        if (isCancellation(err)) throw err;
-        return { delivered: false, error: String(err) };
-      });
     if (!sent.delivered) log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: sent.error });
   }
 }
 
-async function handle(ctx: ShardContext, req: ShardRequest): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+type Delivery = { delivered: boolean; error?: string };
+
+async function answerOf(ctx: ShardContext, req: Exclude<ShardRequest, { kind: 'candidates' }>): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
+  try {
+    return await handle(ctx, req);
+  } catch (err) {
+    if (isCancellation(err)) throw err;
+    return { error: describeFailure(err) };
+  }
+}
+
+/**
+ * From a local activity: a signal command would cost the shard one more workflow task to see its
+ * delivery recorded (activities/shard-signals.ts).
+ */
+function sendAnswer(ctx: ShardContext, req: ShardRequest, answer: Omit<ShardAnswer, 'id' | 'shard'>): Promise<Delivery> {
+  return ctx.signals.answerShardRequest({ replyTo: req.replyTo, answer: { id: req.id, shard: ctx.input.shard, ...answer } }).catch((err: unknown) => {
+    if (isCancellation(err)) throw err;
+    return { delivered: false, error: String(err) };
+  });
+}
+
+async function handle(ctx: ShardContext, req: Exclude<ShardRequest, { kind: 'candidates' }>): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
   const { st, input } = ctx;
   switch (req.kind) {
-    case 'candidates':
-      throw new Error('unreachable: answerWithCut answers candidates');
     case 'recut':
       return { part: await recut(ctx, req.tmpDir, req.unsettled, req.waitMs) };
     case 'drain':
@@ -98,33 +100,26 @@ function candidates(ctx: ShardContext): EpisodeId[] {
  * that end, and Gym commits none of those: the commit names them and the shard writes its part
  * again (recut). So no second round of requests runs beside the commit.
  */
-async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'candidates' }>): Promise<void> {
+async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'candidates' }>): Promise<Delivery> {
   const { st, input } = ctx;
   takeReports(ctx);
   const inFlight = new Set(Object.keys(st.inFlight));
-  const sent = await ctx.signals
-    .answerWithCut({
+  try {
+    const sent = await ctx.signals.answerWithCut({
       replyTo: req.replyTo,
       answer: { id: req.id, shard: input.shard },
       cut: { tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx), ledger: st.ledger },
-    })
-    .catch(async (err: unknown) => {
-      if (isCancellation(err)) throw err;
-      // The activity failed as a whole (it answers a failed write itself): the asker still hears why.
-      const answer = { id: req.id, shard: input.shard, error: describeFailure(err) };
-      const delivery = await ctx.signals.answerShardRequest({ replyTo: req.replyTo, answer }).catch((e: unknown) => {
-        if (isCancellation(e)) throw e;
-        return { delivered: false, error: String(e) };
-      });
-      return { ...delivery, part: undefined };
     });
-  if (sent.part) {
-    ctx.lastCutInFlight = inFlight;
-    ctx.lastCutPart = sent.part;
+    if (sent.part) {
+      ctx.lastCutInFlight = inFlight;
+      ctx.lastCutPart = sent.part;
+    }
+    return sent;
+  } catch (err) {
+    if (isCancellation(err)) throw err;
+    // The activity failed as a whole (it answers a failed write itself): the asker still hears why.
+    return sendAnswer(ctx, req, { error: describeFailure(err) });
   }
-  st.requests.shift();
-  rememberAnswered(st, req.id);
-  if (!sent.delivered) log.warn('the workflow that asked is gone', { request: req.kind, replyTo: req.replyTo, error: sent.error });
 }
 
 /** The ledger slice as it stands, into the temp snapshot; remembers what was in flight then (recut). */
