@@ -21,6 +21,7 @@ import { checkpointNow, runStatus } from '../workflows/messages.js';
 import { onExit } from './lib/cleanup.js';
 import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/history-timing.js';
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
+import { printShardTimings, shardTimings } from './lib/shard-timing.js';
 import { limitsOf } from './lib/workflow-limits.js';
 import { failedAttempts } from './lib/failed-attempts.js';
 import { plannedGroups } from './lib/planned-groups.js';
@@ -51,6 +52,8 @@ async function post(url: string, body: unknown): Promise<void> {
 }
 
 const PARKED_WINDOW_S = 10;
+/** Each run's shard count (for BENCH_SHARD_TIMING). */
+const SHARDS_OF_RUN = new Map<string, number>();
 
 /**
  * Where the checkpoint attempt's time went outside its stages: from the update to the child's
@@ -99,6 +102,7 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
       console.log(`  shard0 ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${e.workflowExecutionSignaledEventAttributes?.signalName ?? ''}`);
     }
   }
+  if (process.env.BENCH_SHARD_TIMING) printShardTimings(await shardTimings(client, runWorkflowId, SHARDS_OF_RUN.get(runWorkflowId) ?? 0, events));
   const wft = workflowTaskTimes(events);
   let queued = 0;
   for (const t of activityTimes(events).values()) queued += t.queuedMs;
@@ -115,8 +119,11 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
 /** The stage figures of one checkpoint taken with every rollout parked. */
 async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number, attemptIds: string[]): Promise<Row> {
   const askedAt = Date.now();
+  const askedUs = process.hrtime.bigint() / 1000n;
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
+  // The window on the monotonic clock of a `--cpu-prof` profile (its timestamps, in µs).
+  if (process.env.BENCH_SHARD_TIMING) console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
   const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   return {
@@ -236,6 +243,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     ...(controlThreads ? { controlWorkflowThreads: controlThreads } : {}),
   });
   const running = workers.run();
+  SHARDS_OF_RUN.set(cfg.run.name, shardCount(cfg));
   const t0 = Date.now();
   const handle = await startRun(client, cfg);
   // Wait until every rollout is parked at its held second call.
