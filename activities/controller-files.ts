@@ -51,8 +51,8 @@ async function requireDir(dir: string): Promise<void> {
   }
 }
 
-async function writeDigested(dir: string, relative: string, text: string): Promise<FileDigest> {
-  const data = Buffer.from(text, 'utf8');
+async function writeDigested(dir: string, relative: string, text: string | Uint8Array): Promise<FileDigest> {
+  const data = typeof text === 'string' ? Buffer.from(text, 'utf8') : Buffer.from(text.buffer, text.byteOffset, text.byteLength);
   await fsp.mkdir(path.dirname(path.join(dir, relative)), { recursive: true });
   await writeFileAtomically(path.join(dir, relative), data);
   return { file: relative, sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length };
@@ -97,7 +97,8 @@ export interface WriteLedgerPartInput {
   shard: number;
   /**
    * The shard's ledger slice: as it is (a local activity's argument is never stored or sent to
-   * the server: packing it in the workflow only cost the shard's workflow task time), or packed.
+   * the server: packing it in the workflow only cost the shard's workflow task time), packed, or
+   * as its JSON text in UTF-8 (written as it is).
    */
   ledger: unknown;
   /** Create `dir` if missing (fallback parts); a temp snapshot must exist. */
@@ -109,7 +110,8 @@ export async function writeLedgerPart(input: WriteLedgerPartInput): Promise<File
   return io(`writing the ledger part of shard ${input.shard} into ${input.dir}`, async () => {
     if (input.create) await fsp.mkdir(input.dir, { recursive: true });
     else await requireDir(input.dir);
-    return writeDigested(input.dir, ledgerPartFile(input.shard), JSON.stringify(unpacked(input.ledger)));
+    const text = input.ledger instanceof Uint8Array ? input.ledger : JSON.stringify(unpacked(input.ledger));
+    return writeDigested(input.dir, ledgerPartFile(input.shard), text);
   });
 }
 

@@ -80,14 +80,14 @@ export function createShardSignalActivities(files: CutWriters = { writeCandidate
      * be written). One local activity, so the shard's workflow takes the fewest activations while
      * admission is closed. Both files are idempotent, and so is the answer (see above).
      */
-    async answerWithCut(input: AnswerWithCutInput): Promise<AnswerDelivery & { count?: number; part?: FileDigest }> {
-      const { tmpDir, shard, episodes, ledger } = input.cut;
+    async answerWithCut(input: AnswerWithCutInput, ledgerJson: Uint8Array): Promise<AnswerDelivery & { count?: number; part?: FileDigest }> {
+      const { tmpDir, shard, episodes } = input.cut;
       let cut: { count: number; part: FileDigest } | undefined;
       let failure: string | undefined;
       try {
         const [{ count }, part] = await Promise.all([
           files.writeCandidates({ tmpDir, shard, episodes }),
-          files.writeLedgerPart({ dir: tmpDir, shard, ledger }),
+          files.writeLedgerPart({ dir: tmpDir, shard, ledger: ledgerJson }),
         ]);
         cut = { count, part };
       } catch (err) {
@@ -107,7 +107,8 @@ export interface AnswerDelivery {
 export interface AnswerWithCutInput {
   replyTo: string;
   answer: Pick<ShardAnswer, 'id' | 'shard'>;
-  cut: WriteCandidatesInput & { ledger: unknown };
+  /** The ledger slice comes as the activity's second argument, its JSON text in UTF-8 (workflows/shard/requests.ts). */
+  cut: WriteCandidatesInput;
 }
 
 async function sendAnswer(replyTo: string, answer: ShardAnswer): Promise<AnswerDelivery> {

@@ -28,7 +28,7 @@ import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
 import { shardWorkflowId } from '../workflows/rolloutShard.js';
-import { processGroupCpuSeconds, sleep } from './scale.js';
+import { gymCpuSeconds, processGroupCpuSeconds, sleep } from './scale.js';
 
 const TOKEN = 'bench-controller-scale';
 /** The Gym deployment; `workers` > 1 runs the model, the agent and the environment server as that many worker processes each (docs/multi-worker.md). */
@@ -116,12 +116,27 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
   };
 }
 
+/** CPU seconds so far of the Gym's processes, the dev server's and this process's (the worker's threads among them). */
+async function cpuNow(gymRunDir: string, serverPid: number): Promise<{ gym: number; server: number; bench: number }> {
+  const gym = Object.values(await gymCpuSeconds(gymRunDir)).reduce((a, b) => a + b, 0);
+  const { user, system } = process.cpuUsage();
+  return { gym, server: await processGroupCpuSeconds(serverPid), bench: (user + system) / 1e6 };
+}
+
 /** The stage figures of one checkpoint taken with every rollout parked. */
-async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof startRun>>, rollouts: number, attemptIds: string[]): Promise<Row> {
+async function checkpointOnce(
+  client: Client,
+  handle: Awaited<ReturnType<typeof startRun>>,
+  rollouts: number,
+  attemptIds: string[],
+  cpu: () => Promise<{ gym: number; server: number; bench: number }>,
+): Promise<Row> {
+  const cpu0 = await cpu();
   const askedAt = Date.now();
   const askedUs = process.hrtime.bigint() / 1000n;
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
+  const cpu1 = await cpu();
   // The window on the monotonic clock of a `--cpu-prof` profile (its timestamps, in µs).
   if (process.env.BENCH_SHARD_TIMING) console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
@@ -138,6 +153,10 @@ async function checkpointOnce(client: Client, handle: Awaited<ReturnType<typeof 
     resume_s: round3(outcome.seconds.resume ?? 0),
     checkpoint_s: round3(outcome.seconds.total ?? 0),
     admission_closed_s: round3(outcome.seconds.admission_closed_seconds ?? 0),
+    // The machine's CPU over the checkpoint (ask to answer), by who used it.
+    gym_cpu_s: round3(cpu1.gym - cpu0.gym),
+    server_cpu_s: round3(cpu1.server - cpu0.server),
+    bench_cpu_s: round3(cpu1.bench - cpu0.bench),
     ...attempt,
   };
 }
@@ -282,11 +301,12 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     if (k > 0) await sleep(2_000);
     // The wall clock, to line the checkpoint up with samples taken outside the bench.
     if (process.env.BENCH_VERBOSE) console.log(`  checkpoint ${k + 1}/${checkpoints} asked at ${new Date().toISOString()}`);
-    const one = await checkpointOnce(client, handle, rollouts, attemptIds);
+    const one = await checkpointOnce(client, handle, rollouts, attemptIds, () => cpuNow(gymRunDir, server.pid!));
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(
-      `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s`,
+      `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s; ` +
+        `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}`,
     );
   }
   await post(`${backend}/_ctl/release`, {});

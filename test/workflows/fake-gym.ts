@@ -413,7 +413,12 @@ export class FakeGym {
         this.calls.push(input.create ? 'ledger-part' : 'ledger-cut');
         // A trainer anchor's fallback parts go to disk: the trainer merges them into its marker.
         if (input.create) return writeLedgerPart(input);
-        const ledger = isPackedJson(input.ledger) ? unpackJson(input.ledger) : input.ledger;
+        const ledger =
+          input.ledger instanceof Uint8Array
+            ? JSON.parse(Buffer.from(input.ledger).toString('utf8'))
+            : isPackedJson(input.ledger)
+              ? unpackJson(input.ledger)
+              : input.ledger;
         if (!input.create) this.ledgerCuts.push(ledger);
         const text = JSON.stringify(ledger);
         const sha256 = createHash('sha256').update(text).digest('hex');

@@ -105,11 +105,10 @@ async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kin
   takeReports(ctx);
   const inFlight = new Set(Object.keys(st.inFlight));
   try {
-    const sent = await ctx.signals.answerWithCut({
-      replyTo: req.replyTo,
-      answer: { id: req.id, shard: input.shard },
-      cut: { tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx), ledger: st.ledger },
-    });
+    const sent = await ctx.signals.answerWithCut(
+      { replyTo: req.replyTo, answer: { id: req.id, shard: input.shard }, cut: { tmpDir: req.tmpDir, shard: input.shard, episodes: candidates(ctx) } },
+      jsonBytes(st.ledger),
+    );
     if (sent.part) {
       ctx.lastCutInFlight = inFlight;
       ctx.lastCutPart = sent.part;
@@ -120,6 +119,17 @@ async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kin
     // The activity failed as a whole (it answers a failed write itself): the asker still hears why.
     return sendAnswer(ctx, req, { error: describeFailure(err) });
   }
+}
+
+/**
+ * A value's JSON text in UTF-8, as a binary argument: the SDK passes bytes to an activity as they
+ * are, where a JSON argument costs a stringify and its JavaScript UTF-8 encoder here, and the
+ * decoder and a parse on the worker's main thread, which then stringifies it again to write it: the
+ * bulk of both threads' work while admission is closed (docs/performance.md). The copy makes the
+ * array this sandbox's own (its TextEncoder is Node's), which the SDK's binary converter requires.
+ */
+function jsonBytes(value: unknown): Uint8Array {
+  return new Uint8Array(new TextEncoder().encode(JSON.stringify(value)));
 }
 
 /** The ledger slice as it stands, into the temp snapshot; remembers what was in flight then (recut). */
