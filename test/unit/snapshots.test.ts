@@ -141,6 +141,15 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
     expect(await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-3.json'), 'utf8')).toBe(JSON.stringify(ledger));
   });
 
+  it('takes the ledger as its JSON bytes (as a shard sends its cut) and writes them as they are, with the same digest as the value', async () => {
+    const ledger = { b: 1, a: [2, { x: 'é' }], c: null };
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const fromBytes = await writeLedgerPart({ dir: loc.tmpDir, shard: 1, ledger: new TextEncoder().encode(JSON.stringify(ledger)) });
+    const fromValue = await writeLedgerPart({ dir: loc.tmpDir, shard: 2, ledger });
+    expect(await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-1.json'), 'utf8')).toBe(JSON.stringify(ledger));
+    expect({ ...fromBytes, file: '' }).toEqual({ ...fromValue, file: '' });
+  });
+
   it('refuses a manifest of the wrong shape and a directory that is not a temp snapshot', async () => {
     const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
     const manifest = await writeBundle(loc);
