@@ -51,8 +51,8 @@ async function requireDir(dir: string): Promise<void> {
   }
 }
 
-async function writeDigested(dir: string, relative: string, text: string | Uint8Array): Promise<FileDigest> {
-  const data = typeof text === 'string' ? Buffer.from(text, 'utf8') : Buffer.from(text.buffer, text.byteOffset, text.byteLength);
+async function writeDigested(dir: string, relative: string, content: string | Uint8Array): Promise<FileDigest> {
+  const data = typeof content === 'string' ? Buffer.from(content, 'utf8') : Buffer.from(content.buffer, content.byteOffset, content.byteLength);
   await fsp.mkdir(path.dirname(path.join(dir, relative)), { recursive: true });
   await writeFileAtomically(path.join(dir, relative), data);
   return { file: relative, sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length };
@@ -110,8 +110,8 @@ export async function writeLedgerPart(input: WriteLedgerPartInput): Promise<File
   return io(`writing the ledger part of shard ${input.shard} into ${input.dir}`, async () => {
     if (input.create) await fsp.mkdir(input.dir, { recursive: true });
     else await requireDir(input.dir);
-    const text = input.ledger instanceof Uint8Array ? input.ledger : JSON.stringify(unpacked(input.ledger));
-    return writeDigested(input.dir, ledgerPartFile(input.shard), text);
+    const content = input.ledger instanceof Uint8Array ? input.ledger : JSON.stringify(unpacked(input.ledger));
+    return writeDigested(input.dir, ledgerPartFile(input.shard), content);
   });
 }
 

@@ -52,15 +52,13 @@ async function post(url: string, body: unknown): Promise<void> {
 }
 
 const PARKED_WINDOW_S = 10;
-/** Each run's shard count (for BENCH_SHARD_TIMING). */
-const SHARDS_OF_RUN = new Map<string, number>();
 
 /**
  * Where the checkpoint attempt's time went outside its stages: from the update to the child's
  * start, the child's workflow tasks and activities waiting in the server's queues, and from the
  * child's end to the update's answer.
  */
-async function checkpointTiming(client: Client, runWorkflowId: string, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
+async function checkpointTiming(client: Client, runWorkflowId: string, shards: number, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
   const events = (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
   const first = eventMs(events[0]?.eventTime);
   if (process.env.BENCH_VERBOSE) {
@@ -102,7 +100,7 @@ async function checkpointTiming(client: Client, runWorkflowId: string, workflowI
       console.log(`  shard0 ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${e.workflowExecutionSignaledEventAttributes?.signalName ?? ''}`);
     }
   }
-  if (process.env.BENCH_SHARD_TIMING) printShardTimings(await shardTimings(client, runWorkflowId, SHARDS_OF_RUN.get(runWorkflowId) ?? 0, events));
+  if (process.env.BENCH_SHARD_TIMING) printShardTimings(await shardTimings(client, runWorkflowId, shards, events));
   const wft = workflowTaskTimes(events);
   let queued = 0;
   for (const t of activityTimes(events).values()) queued += t.queuedMs;
@@ -128,6 +126,7 @@ async function checkpointOnce(
   client: Client,
   handle: Awaited<ReturnType<typeof startRun>>,
   rollouts: number,
+  shards: number,
   attemptIds: string[],
   cpu: () => Promise<{ gym: number; server: number; bench: number }>,
 ): Promise<Row> {
@@ -140,7 +139,14 @@ async function checkpointOnce(
   // The window on the monotonic clock of a `--cpu-prof` profile (its timestamps, in µs).
   if (process.env.BENCH_SHARD_TIMING) console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
-  const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
+  const attempt = await checkpointTiming(
+    client,
+    `scale-${rollouts}`,
+    shards,
+    checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId),
+    askedAt,
+    answeredAt,
+  );
   return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
     exported: outcome.scopeCount ?? 0,
@@ -262,7 +268,6 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     ...(controlThreads ? { controlWorkflowThreads: controlThreads } : {}),
   });
   const running = workers.run();
-  SHARDS_OF_RUN.set(cfg.run.name, shardCount(cfg));
   const t0 = Date.now();
   const handle = await startRun(client, cfg);
   // Wait until every rollout is parked at its held second call.
@@ -301,7 +306,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     if (k > 0) await sleep(2_000);
     // The wall clock, to line the checkpoint up with samples taken outside the bench.
     if (process.env.BENCH_VERBOSE) console.log(`  checkpoint ${k + 1}/${checkpoints} asked at ${new Date().toISOString()}`);
-    const one = await checkpointOnce(client, handle, rollouts, attemptIds, () => cpuNow(gymRunDir, server.pid!));
+    const one = await checkpointOnce(client, handle, rollouts, shardCount(cfg), attemptIds, () => cpuNow(gymRunDir, server.pid!));
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(

@@ -2,6 +2,7 @@
 // ShardRequest): its part of a checkpoint's cut, of a recovery, of a training step. Each request
 // is answered once, to the workflow that asked.
 import { condition, isCancellation, log, sleep } from '@temporalio/workflow';
+import type { AnswerDelivery } from '../../activities/shard-signals.js';
 import type { FileDigest } from '../../protocol/controller.js';
 import type { CaptureKey, EpisodeId } from '../../protocol/episode-id.js';
 import { describeFailure } from '../failures.js';
@@ -34,8 +35,6 @@ async function answerAll(ctx: ShardContext): Promise<void> {
   }
 }
 
-type Delivery = { delivered: boolean; error?: string };
-
 async function answerOf(ctx: ShardContext, req: Exclude<ShardRequest, { kind: 'candidates' }>): Promise<Omit<ShardAnswer, 'id' | 'shard'>> {
   try {
     return await handle(ctx, req);
@@ -49,7 +48,7 @@ async function answerOf(ctx: ShardContext, req: Exclude<ShardRequest, { kind: 'c
  * From a local activity: a signal command would cost the shard one more workflow task to see its
  * delivery recorded (activities/shard-signals.ts).
  */
-function sendAnswer(ctx: ShardContext, req: ShardRequest, answer: Omit<ShardAnswer, 'id' | 'shard'>): Promise<Delivery> {
+function sendAnswer(ctx: ShardContext, req: ShardRequest, answer: Omit<ShardAnswer, 'id' | 'shard'>): Promise<AnswerDelivery> {
   return ctx.signals.answerShardRequest({ replyTo: req.replyTo, answer: { id: req.id, shard: ctx.input.shard, ...answer } }).catch((err: unknown) => {
     if (isCancellation(err)) throw err;
     return { delivered: false, error: String(err) };
@@ -100,7 +99,7 @@ function candidates(ctx: ShardContext): EpisodeId[] {
  * that end, and Gym commits none of those: the commit names them and the shard writes its part
  * again (recut). So no second round of requests runs beside the commit.
  */
-async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'candidates' }>): Promise<Delivery> {
+async function answerWithCut(ctx: ShardContext, req: Extract<ShardRequest, { kind: 'candidates' }>): Promise<AnswerDelivery> {
   const { st, input } = ctx;
   takeReports(ctx);
   const inFlight = new Set(Object.keys(st.inFlight));
