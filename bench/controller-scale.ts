@@ -5,6 +5,10 @@
 //   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, the
 // busiest workflow against Temporal's default limits, and why attempts failed (if any did).
+// Each checkpoint's line names the CPU seconds of every Gym server over it. Environment knobs:
+// BENCH_GYM_PROFILE=<dir> (CPU profiles of the Gym processes, cut with the printed windows),
+// BENCH_GYM_NODE_OPTIONS (Node options of the Gym processes, e.g. a preload), BENCH_KEEP_DIR=1
+// (keep the run's directory: snapshots, server logs), BENCH_SHARD_TIMING=1, BENCH_VERBOSE=1.
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -28,7 +32,7 @@ import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
 import { shardCount } from '../workflows/run/shards.js';
 import { shardWorkflowId } from '../workflows/rolloutShard.js';
-import { gymCpuSeconds, processGroupCpuSeconds, sleep } from './scale.js';
+import { gymCpuSeconds, processGroupCpuSeconds, profilesBeforeKill, sleep, writeProfiler } from './scale.js';
 
 const TOKEN = 'bench-controller-scale';
 /** The Gym deployment; `workers` > 1 runs the model, the agent and the environment server as that many worker processes each (docs/multi-worker.md). */
@@ -115,10 +119,27 @@ async function checkpointTiming(client: Client, runWorkflowId: string, shards: n
 }
 
 /** CPU seconds so far of the Gym's processes, the dev server's and this process's (the worker's threads among them). */
-async function cpuNow(gymRunDir: string, serverPid: number): Promise<{ gym: number; server: number; bench: number }> {
-  const gym = Object.values(await gymCpuSeconds(gymRunDir)).reduce((a, b) => a + b, 0);
+interface CpuReading {
+  gym: number;
+  byServer: Record<string, number>;
+  server: number;
+  bench: number;
+}
+
+async function cpuNow(gymRunDir: string, serverPid: number): Promise<CpuReading> {
+  const byServer = await gymCpuSeconds(gymRunDir);
+  const gym = Object.values(byServer).reduce((a, b) => a + b, 0);
   const { user, system } = process.cpuUsage();
-  return { gym, server: await processGroupCpuSeconds(serverPid), bench: (user + system) / 1e6 };
+  return { gym, byServer, server: await processGroupCpuSeconds(serverPid), bench: (user + system) / 1e6 };
+}
+
+/** Each Gym server's CPU seconds between two readings, busiest first (`simple_agent 0.62, weather_env 0.41, …`). */
+function gymCpuByServer(before: CpuReading, after: CpuReading): string {
+  return Object.entries(after.byServer)
+    .map(([name, s]) => [name, s - (before.byServer[name] ?? 0)] as const)
+    .sort((a, b) => b[1] - a[1])
+    .map(([name, s]) => `${name} ${s.toFixed(2)}`)
+    .join(', ');
 }
 
 /** The stage figures of one checkpoint taken with every rollout parked. */
@@ -128,7 +149,7 @@ async function checkpointOnce(
   rollouts: number,
   shards: number,
   attemptIds: string[],
-  cpu: () => Promise<{ gym: number; server: number; bench: number }>,
+  cpu: () => Promise<CpuReading>,
 ): Promise<Row> {
   const cpu0 = await cpu();
   const askedAt = Date.now();
@@ -136,8 +157,10 @@ async function checkpointOnce(
   const outcome = await handle.executeUpdate(checkpointNow);
   const answeredAt = Date.now();
   const cpu1 = await cpu();
+  console.log(`  Gym CPU s by server over the checkpoint: ${gymCpuByServer(cpu0, cpu1)}`);
   // The window on the monotonic clock of a `--cpu-prof` profile (its timestamps, in µs).
-  if (process.env.BENCH_SHARD_TIMING) console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
+  if (process.env.BENCH_SHARD_TIMING || process.env.BENCH_GYM_PROFILE)
+    console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
   const attempt = await checkpointTiming(
     client,
@@ -174,7 +197,18 @@ async function world(rollouts: number, tag: string, workers = 1) {
   const stopServer = onExit('the Temporal dev server', () => server.stop());
   await writeFile(join(dir, 'gym.yaml'), gymYaml(workers));
   const stopGym = onExit('the Gym deployment', () => downDeployment(join(dir, 'gym')));
-  await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error' } });
+  // BENCH_GYM_PROFILE=<dir>: every Gym process is CPU-profiled; the profiles (to the release) are
+  // written there after the checkpoints, to be cut with the windows the bench prints.
+  const profileDir = process.env.BENCH_GYM_PROFILE;
+  const gymNodeOptions = [
+    process.env.NODE_OPTIONS ?? '',
+    process.env.BENCH_GYM_NODE_OPTIONS ?? '',
+    profileDir ? `--import ${await writeProfiler(dir, profileDir)}` : '',
+  ]
+    .join(' ')
+    .trim();
+  const profileEnv = gymNodeOptions ? { NODE_OPTIONS: gymNodeOptions } : {};
+  await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error', ...profileEnv } });
   const endpoints = readEndpoints(join(dir, 'gym'));
   const backend = endpoints.policy_backend!.url;
   // Every rollout parks at its first model call (the agent waits at the boundary before it).
@@ -192,7 +226,8 @@ async function world(rollouts: number, tag: string, workers = 1) {
       await connection.close();
       await stopGym();
       await stopServer();
-      await rm(dir, { recursive: true, force: true });
+      if (process.env.BENCH_KEEP_DIR) console.log(`kept ${dir}`);
+      else await rm(dir, { recursive: true, force: true });
     },
   };
 }
@@ -314,6 +349,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
         `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}`,
     );
   }
+  if (process.env.BENCH_GYM_PROFILE) await profilesBeforeKill(gymRunDir, process.env.BENCH_GYM_PROFILE);
   await post(`${backend}/_ctl/release`, {});
   const releasedAt = Date.now();
   const byAdmission = [...taken].sort((a, b) => Number(a.admission_closed_s) - Number(b.admission_closed_s));

@@ -404,7 +404,7 @@ export class ControlCallTimer {
  * NODE_OPTIONS, and the launcher starts the servers), and writes what it has on SIGUSR2 (the
  * first processes, which the bench SIGKILLs): written into the bench's temp dir.
  */
-async function writeProfiler(tmp: string, outDir: string): Promise<string> {
+export async function writeProfiler(tmp: string, outDir: string): Promise<string> {
   const file = join(tmp, 'cpu-profiler.mjs');
   await writeFile(
     file,
@@ -438,7 +438,7 @@ process.on('SIGUSR2', () => {
 }
 
 /** Asks every Gym process for its profile so far (SIGUSR2 to each server's process group) and waits for them. */
-async function profilesBeforeKill(runDir: string, outDir: string): Promise<void> {
+export async function profilesBeforeKill(runDir: string, outDir: string): Promise<void> {
   const groups = Object.values(readRunState(runDir).servers).filter((s) => s.pid && s.kind !== 'inference');
   const pids = [...(await processCpuSeconds(groups.map((s) => s.pid!))).keys()];
   for (const g of groups) process.kill(-g.pid!, 'SIGUSR2');
