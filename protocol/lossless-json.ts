@@ -32,6 +32,7 @@
 // index-like keys first (`{"b":1,"2":3}` comes back `{"2":3,"b":1}`), so a record would not round-trip.
 import { isAscii, isUtf8 } from 'node:buffer';
 import { instantiateJsonKernels, type JsonKernels, KERNEL_RESERVED_BYTES, WASM_PAGE_BYTES } from './json-kernels.js';
+import { JsonText } from './json-text.js';
 
 /** A JSON number whose text JS would not reproduce (`1.0`, `1e+16`); kept and re-emitted verbatim. */
 export class LosslessNumber {
@@ -248,6 +249,7 @@ function writeSlow(v: unknown, ancestors: object[]): string {
   }
   if (v === null) return 'null';
   if (v instanceof LosslessNumber) return v.raw;
+  if (v instanceof JsonText) return v.text;
   if (ancestors.includes(v)) throw new LosslessJsonError('circular reference');
   ancestors.push(v);
   try {
@@ -752,6 +754,7 @@ export class JsonLineEncoder {
 
   private object(v: object): void {
     if (v instanceof LosslessNumber) return this.ascii(v.raw);
+    if (v instanceof JsonText) return this.text(v.text);
     const ancestors = this.ancestors;
     if (ancestors.includes(v)) throw new LosslessJsonError('circular reference');
     ancestors.push(v);

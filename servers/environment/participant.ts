@@ -5,6 +5,7 @@ import { refuse } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
+import { JsonText } from '../../protocol/json-text.js';
 import type { ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
 import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
@@ -119,8 +120,8 @@ export class EnvironmentParticipant implements ParticipantHooks {
       const digest = this.digests.get(key);
       const episode = parseCaptureKey(key);
       if (digest === undefined || !episode) continue;
-      // JSON form: the boundary's payloads as they would travel on the wire.
-      records.push({ episode_id: episode, task_digest: digest, boundary: boundary === null ? null : JSON.parse(JSON.stringify(boundary)) });
+      // JSON form: the boundary's payloads as they would travel on the wire, written as that text.
+      records.push({ episode_id: episode, task_digest: digest, boundary: boundary === null ? null : new JsonText(JSON.stringify(boundary)) });
     }
     // A replacement that has not begun still continues from its restored boundary: a checkpoint
     // taken before it runs carries the record forward under the replacement's key (§2.10).

@@ -12,6 +12,7 @@ import {
   stringifyLossless,
 } from '../../protocol/lossless-json.js';
 import { toPlainJson } from '../../protocol/lossless-json.js';
+import { JsonText } from '../../protocol/json-text.js';
 
 /** A structural description with types (number vs bigint vs LosslessNumber, plain vs ordered). */
 function tag(v: unknown): string {
@@ -265,6 +266,20 @@ describe('JsonLineEncoder', () => {
     }
     const expected = Buffer.from(strings.map((s) => `${JSON.stringify(s)}\n`).join(''));
     expect(encodeLines(strings, 1 << 16).equals(expected)).toBe(true);
+  });
+
+  it('writes a JsonText as its text: the bytes a parsed copy of that text would give', () => {
+    const boundaries: unknown[] = [
+      { next: 'invoke_agent', handles: { agent_cookies: { session: 'eyJ.x' }, resources_verify: 'replay' } },
+      { nested: [1, 1.5, -2, 1e21, 5e-324, true, null, 'é東😀\u2028"\\\n'], empty: {}, list: [] },
+      ['a', { b: 'x'.repeat(100_000) }],
+    ];
+    const copies = boundaries.map((b) => ({ episode_id: { rollout_id: 'r', attempt: 0 }, boundary: JSON.parse(JSON.stringify(b)) }));
+    const texts = boundaries.map((b) => ({ episode_id: { rollout_id: 'r', attempt: 0 }, boundary: new JsonText(JSON.stringify(b)) }));
+    for (const batch of [1 << 16, 1 << 20]) expect(encodeLines(texts, batch).equals(encodeLines(copies, batch))).toBe(true);
+    expect(texts.map((t) => stringifyLossless(t))).toEqual(copies.map((c) => stringifyLossless(c)));
+    // Plain JSON.stringify (a caller outside the records writer) sees the value.
+    expect(JSON.parse(JSON.stringify(texts[0]))).toEqual(copies[0]);
   });
 
   it('handles strings larger than its batch', () => {

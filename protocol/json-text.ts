@@ -1,0 +1,14 @@
+// A JSON value already written as text (by `JSON.stringify`): the lossless writers emit the text
+// as it is instead of walking a parsed copy. A participant whose state must go out in its wire
+// form (the environment's boundaries) stringified it, parsed that back and had the records writer
+// encode the copy: three passes and a garbage object tree per record at every commit.
+
+export class JsonText {
+  /** `text` must be one JSON value, as `JSON.stringify` returns it. */
+  constructor(readonly text: string) {}
+
+  /** For callers that hand a record to plain `JSON.stringify`: the value itself. */
+  toJSON(): unknown {
+    return JSON.parse(this.text);
+  }
+}
