@@ -267,6 +267,28 @@ describe('writeRecords / readRecords', () => {
     expect(readdirSync(dirOf())).toEqual([]);
   });
 
+  it('writes at the same time and one after another, one failing in mid-record, each give exactly their own records (encoders and buffers are reused)', async () => {
+    const recordsOf = (tag: string, n: number) =>
+      Array.from({ length: n }, (_, i) => ({ episode_id: { rollout_id: `${tag}-${i}`, attempt: 0 }, state: { tag, i, text: `${tag} "é"\n`.repeat(3_000) } }));
+    const fileBytes = async (instance: string) => {
+      const dir = dirOf(ckpt, KIND, instance);
+      const name = readdirSync(dir).find((f) => f.startsWith('records-'))!;
+      return readFileSync(path.join(dir, name));
+    };
+    const expected = (records: object[]) => Buffer.from(records.map((r) => `${stringifyLossless(r)}\n`).join(''));
+    const writeAs = (instance: string, records: object[]) => writeRecords({ checkpointDir: ckpt, kind: KIND, instance, checkpointId: 'ckpt-1', records });
+    // Three at once, each over several batches (~40 MB in all).
+    const batches = ['a', 'b', 'c'].map((tag) => recordsOf(tag, 600));
+    await Promise.all(batches.map((records, k) => writeAs(`pool${k}`, records)));
+    for (let k = 0; k < 3; k++) expect((await fileBytes(`pool${k}`)).equals(expected(batches[k]!))).toBe(true);
+    // A record that fails after part of its line was encoded leaves nothing behind for the next write.
+    const failing = [...recordsOf('d', 5), { episode_id: { rollout_id: 'd-bad', attempt: 0 }, state: { text: 'x'.repeat(1000), f: () => 1 } }];
+    expect(await refusal(writeAs('pool3', failing))).toMatch(/episode d-bad/);
+    const after = recordsOf('e', 700);
+    await writeAs('pool4', after);
+    expect((await fileBytes('pool4')).equals(expected(after))).toBe(true);
+  });
+
   it('refuses unsafe kind or instance path components', async () => {
     for (const [kind, instance] of [
       ['../x', INSTANCE],

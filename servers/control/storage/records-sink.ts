@@ -18,14 +18,57 @@ export interface RecordsTarget {
 
 const BATCH_BYTES = 8 << 20;
 /** Batches written at once before the encoder waits for the disk. */
-const MAX_INFLIGHT = 3;
+const MAX_INFLIGHT_BATCHES = 3;
 /** Start an fdatasync after this many unsynced bytes, so the final fsync has little left to do. */
 const EARLY_SYNC_BYTES = 64 << 20;
 
+// The encoder's memory (its WebAssembly kernels' batch and scratch) and the batch buffers are kept
+// by the process from one commit to the next instead of being allocated afresh for each: every
+// fresh allocation counted toward V8's external memory, and in a server holding thousands of
+// episodes that started a collection of its whole heap inside the checkpoint (docs/performance.md).
+/** Encoders not in use, each with the sink it currently feeds. */
+const idleEncoders: RoutedEncoder[] = [];
+/** Batch buffers not in use (shared memory, for the hash thread). */
+const idleBatches: Buffer[] = [];
+/** Batch buffers kept when idle: as many as one sink uses at once. */
+const MAX_IDLE_BATCHES = MAX_INFLIGHT_BATCHES + 1;
+
+interface RoutedEncoder {
+  encoder: JsonLineEncoder;
+  to: ((chunk: Buffer) => void) | undefined;
+}
+
+function takeEncoder(to: (chunk: Buffer) => void): RoutedEncoder {
+  let routed = idleEncoders.pop();
+  if (!routed) {
+    const fresh: RoutedEncoder = { encoder: undefined as unknown as JsonLineEncoder, to: undefined };
+    fresh.encoder = new JsonLineEncoder((chunk) => fresh.to!(chunk), BATCH_BYTES);
+    routed = fresh;
+  }
+  routed.to = to;
+  return routed;
+}
+
+/** Back to the pool only when it holds nothing of its last sink (a failed line may leave bytes). */
+function returnEncoder(routed: RoutedEncoder): void {
+  routed.to = undefined;
+  if (routed.encoder.buffered === 0) idleEncoders.push(routed);
+}
+
+function takeBatch(bytes: number): Buffer {
+  return (bytes <= BATCH_BYTES && idleBatches.pop()) || sharedBuffer(Math.max(BATCH_BYTES, bytes));
+}
+
+function returnBatch(buf: Buffer): void {
+  if (buf.length === BATCH_BYTES && idleBatches.length < MAX_IDLE_BATCHES) idleBatches.push(buf);
+}
+
 export class RecordsSink {
-  private readonly encoder = new JsonLineEncoder((chunk) => this.emit(chunk), BATCH_BYTES);
+  private readonly routed = takeEncoder((chunk) => this.emit(chunk));
+  private readonly encoder = this.routed.encoder;
+  /** Whether this sink still holds its encoder (given back once, at finish or abort). */
+  private holdsEncoder = true;
   private readonly digest = new RecordsDigest();
-  private readonly free: Buffer[] = [];
   private inflight: Promise<void>[] = [];
   private pos = 0;
   private count = 0;
@@ -58,12 +101,13 @@ export class RecordsSink {
 
   private async pause(): Promise<void> {
     await new Promise<void>((resolve) => setImmediate(resolve));
-    while (this.inflight.length >= MAX_INFLIGHT) await this.inflight.shift();
+    while (this.inflight.length >= MAX_INFLIGHT_BATCHES) await this.inflight.shift();
     if (this.failure !== undefined) throw this.failure;
   }
 
   async finish(): Promise<{ sha256: string; count: number }> {
     this.encoder.flush();
+    this.releaseEncoder();
     // The digest first: a single batch is hashed only then, and its write waits for that.
     const [sha256] = await Promise.all([this.digest.digest(), ...this.inflight, this.syncing]);
     if (this.failure !== undefined) throw this.failure;
@@ -75,20 +119,26 @@ export class RecordsSink {
 
   /** After a failure: let in-flight work settle, then close the file. */
   async abort(): Promise<void> {
+    this.releaseEncoder();
     this.digest.drop();
     await Promise.allSettled([...this.inflight, this.syncing]);
     if (!this.closed) await this.fh.close().catch(() => {});
     this.closed = true;
   }
 
+  private releaseEncoder(): void {
+    if (!this.holdsEncoder) return;
+    this.holdsEncoder = false;
+    returnEncoder(this.routed);
+  }
+
   /** A batch from the encoder: a view valid only now, so it is copied for the write and the hash. */
   private emit(chunk: Buffer): void {
-    const pooled = chunk.length <= BATCH_BYTES;
-    const buf = (pooled && this.free.pop()) || sharedBuffer(Math.max(BATCH_BYTES, chunk.length));
+    const buf = takeBatch(chunk.length);
     chunk.copy(buf);
     const data = buf.subarray(0, chunk.length);
     const done = Promise.all([fileWrite(this.fh, data, this.pos), this.digest.update(data)]).then(
-      () => void (pooled && this.free.push(buf)),
+      () => returnBatch(buf),
       (err: unknown) => void (this.failure ??= err),
     );
     this.pos += chunk.length;
