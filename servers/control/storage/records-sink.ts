@@ -23,9 +23,10 @@ const MAX_INFLIGHT_BATCHES = 3;
 const EARLY_SYNC_BYTES = 64 << 20;
 
 // The encoder's memory (its WebAssembly kernels' batch and scratch) and the batch buffers are kept
-// by the process from one commit to the next instead of being allocated afresh for each: every
-// fresh allocation counted toward V8's external memory, and in a server holding thousands of
-// episodes that started a collection of its whole heap inside the checkpoint (docs/performance.md).
+// by the process from one commit to the next instead of being allocated afresh for each: with
+// fresh ones, a server holding thousands of episodes collected its whole heap inside nearly every
+// checkpoint (external memory counts toward V8 starting a full collection); kept, it mostly does
+// not (docs/performance.md).
 /** Encoders not in use, each with the sink it currently feeds. */
 const idleEncoders: RoutedEncoder[] = [];
 /** Batch buffers not in use (shared memory, for the hash thread). */
