@@ -207,8 +207,8 @@ async function world(rollouts: number, tag: string, workers = 1) {
   ]
     .join(' ')
     .trim();
-  const profileEnv = gymNodeOptions ? { NODE_OPTIONS: gymNodeOptions } : {};
-  await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error', ...profileEnv } });
+  const gymNodeEnv = gymNodeOptions ? { NODE_OPTIONS: gymNodeOptions } : {};
+  await upDeployment({ config: join(dir, 'gym.yaml'), runDir: join(dir, 'gym'), env: { GYM_CONTROL_TOKEN: TOKEN, LOG_LEVEL: 'error', ...gymNodeEnv } });
   const endpoints = readEndpoints(join(dir, 'gym'));
   const backend = endpoints.policy_backend!.url;
   // Every rollout parks at its first model call (the agent waits at the boundary before it).

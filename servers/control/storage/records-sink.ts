@@ -27,33 +27,29 @@ const EARLY_SYNC_BYTES = 64 << 20;
 // fresh ones, a server holding thousands of episodes collected its whole heap inside nearly every
 // checkpoint (external memory counts toward V8 starting a full collection); kept, it mostly does
 // not (docs/performance.md).
-/** Encoders not in use, each with the sink it currently feeds. */
-const idleEncoders: RoutedEncoder[] = [];
+/** Encoders not in use. */
+const idleEncoders: PooledEncoder[] = [];
 /** Batch buffers not in use (shared memory, for the hash thread). */
 const idleBatches: Buffer[] = [];
 /** Batch buffers kept when idle: as many as one sink uses at once. */
 const MAX_IDLE_BATCHES = MAX_INFLIGHT_BATCHES + 1;
 
-interface RoutedEncoder {
-  encoder: JsonLineEncoder;
+/** An encoder whose batches go to the sink that holds it now. */
+class PooledEncoder {
   to: ((chunk: Buffer) => void) | undefined;
+  readonly encoder = new JsonLineEncoder((chunk) => this.to!(chunk), BATCH_BYTES);
 }
 
-function takeEncoder(to: (chunk: Buffer) => void): RoutedEncoder {
-  let routed = idleEncoders.pop();
-  if (!routed) {
-    const fresh: RoutedEncoder = { encoder: undefined as unknown as JsonLineEncoder, to: undefined };
-    fresh.encoder = new JsonLineEncoder((chunk) => fresh.to!(chunk), BATCH_BYTES);
-    routed = fresh;
-  }
-  routed.to = to;
-  return routed;
+function takeEncoder(to: (chunk: Buffer) => void): PooledEncoder {
+  const pooled = idleEncoders.pop() ?? new PooledEncoder();
+  pooled.to = to;
+  return pooled;
 }
 
 /** Back to the pool only when it holds nothing of its last sink (a failed line may leave bytes). */
-function returnEncoder(routed: RoutedEncoder): void {
-  routed.to = undefined;
-  if (routed.encoder.buffered === 0) idleEncoders.push(routed);
+function returnEncoder(pooled: PooledEncoder): void {
+  pooled.to = undefined;
+  if (pooled.encoder.buffered === 0) idleEncoders.push(pooled);
 }
 
 function takeBatch(bytes: number): Buffer {
@@ -65,8 +61,8 @@ function returnBatch(buf: Buffer): void {
 }
 
 export class RecordsSink {
-  private readonly routed = takeEncoder((chunk) => this.emit(chunk));
-  private readonly encoder = this.routed.encoder;
+  private readonly pooled = takeEncoder((chunk) => this.emit(chunk));
+  private readonly encoder = this.pooled.encoder;
   /** Whether this sink still holds its encoder (given back once, at finish or abort). */
   private holdsEncoder = true;
   private readonly digest = new RecordsDigest();
@@ -130,7 +126,7 @@ export class RecordsSink {
   private releaseEncoder(): void {
     if (!this.holdsEncoder) return;
     this.holdsEncoder = false;
-    returnEncoder(this.routed);
+    returnEncoder(this.pooled);
   }
 
   /** A batch from the encoder: a view valid only now, so it is copied for the write and the hash. */
