@@ -4,7 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { freePort } from '../../scripts/temporal-dev.mjs';
+import { refusedAddress } from '../helpers/ports.js';
 import { envWithout, ROOT, runCommand } from '../helpers/cli.js';
 
 interface Command {
@@ -130,8 +130,7 @@ describe('run: usage errors', () => {
 
 describe('run: no Temporal server at the address', () => {
   it('fails within seconds naming the address, where it came from, and why', async () => {
-    const port = await freePort();
-    const address = `127.0.0.1:${port}`;
+    const address = await refusedAddress();
     // Started together, so both see the same machine load: the failure may take the connect
     // timeout (2 s) longer than printing the help, not the SDK's 10 s default and more.
     const [help, flag, env] = await Promise.all([

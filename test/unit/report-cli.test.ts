@@ -3,7 +3,7 @@
 // address it fails within seconds naming the address and where it came from. A report of a real
 // run: test/e2e/controller.test.ts.
 import { describe, expect, it } from 'vitest';
-import { freePort } from '../../scripts/temporal-dev.mjs';
+import { refusedAddress } from '../helpers/ports.js';
 import { envWithout, runCommand } from '../helpers/cli.js';
 
 const report = (args: string[], env?: NodeJS.ProcessEnv) => runCommand('scripts/report.ts', args, env ? { env } : {});
@@ -23,10 +23,10 @@ describe('npm run report', () => {
   });
 
   it('with nothing at the address, fails within seconds naming it and its source', async () => {
-    const port = await freePort();
-    const flag = await report(['some-run', '--address', `127.0.0.1:${port}`], envWithout('TEMPORAL_ADDRESS'));
+    const address = await refusedAddress();
+    const flag = await report(['some-run', '--address', address], envWithout('TEMPORAL_ADDRESS'));
     expect(flag.code).toBe(1);
-    expect(flag.stderr.trim()).toBe(`report: cannot reach the Temporal server at 127.0.0.1:${port} (--address): connection refused`);
+    expect(flag.stderr.trim()).toBe(`report: cannot reach the Temporal server at ${address} (--address): connection refused`);
     // tsx's start-up included; the connection itself gives up after 2 s.
     expect(flag.ms).toBeLessThan(15_000);
   });
