@@ -26,6 +26,8 @@ export interface WorldOptions {
   dir: string;
   controlToken: string;
   log: (line: string) => void;
+  /** How long one try to start the worker waits for it to poll (two tries); default 180 s. */
+  workerStartMs?: number;
 }
 
 export class ChaosWorld {
@@ -116,12 +118,13 @@ export class ChaosWorld {
     for (let tries = 0; tries < 2; tries++) {
       this.worker = this.spawnWorker();
       try {
-        await waitForLine(this.worker, /worker: polling/, 180_000);
+        await waitForLine(this.worker, /worker: polling/, this.opts.workerStartMs ?? 180_000);
         return;
       } catch (err) {
         // A violation of the schedule it happened in; the next try keeps the world usable.
         this.workerFailure ??= `the worker did not start: ${(err as Error).message.split('\n').slice(0, 4).join(' | ')}`;
-        this.opts.log(this.workerFailure);
+        // Its last lines in full: the worker's log goes with the world's directory.
+        this.opts.log(`the worker did not start (try ${tries + 1} of 2): ${(err as Error).message}`);
         await this.worker.kill();
       }
     }

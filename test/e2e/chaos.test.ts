@@ -24,8 +24,10 @@ let world: ChaosWorld;
 
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'chaos-smoke-'));
-  world = await ChaosWorld.start({ dir, controlToken, log: (line) => console.log(`[chaos] ${line}`) });
-});
+  // A worker that does not come up (CI once saw one print nothing for 180 s) is killed and started
+  // again within the hook's time, its last lines printed.
+  world = await ChaosWorld.start({ dir, controlToken, workerStartMs: 120_000, log: (line) => console.log(`[chaos] ${line}`) });
+}, 300_000);
 
 afterAll(async () => {
   await world?.close();
