@@ -448,6 +448,28 @@ describe('readRecords countOnly (snapshot validation)', () => {
     expect((await count()).manifest.record_count).toBe(0);
   });
 
+  it('files of several 8 MB chunks, one after another and side by side: each counted right, a flipped byte refused (chunk memory is reused)', async () => {
+    const big = (lines: number, pad: string): Buffer =>
+      Buffer.from(Array.from({ length: lines }, (_, i) => `{"episode_id":{"rollout_id":"r${i}","attempt":0},"pad":"${pad}"}\n`).join(''));
+    const a = big(24_000, 'a'.repeat(900)); // ~22 MB: three chunks, the last short
+    const b = big(19_001, 'b'.repeat(1_000)); // ~20 MB, another length
+    for (const [content, lines] of [
+      [a, 24_000],
+      [b, 19_001],
+      [a, 24_000],
+    ] as const) {
+      handWritten(content);
+      expect((await count()).manifest.record_count).toBe(lines);
+    }
+    const [x, y] = await Promise.all([count(), count()]);
+    expect([x.manifest.record_count, y.manifest.record_count]).toEqual([24_000, 24_000]);
+    const dir = handWritten(a);
+    const flipped = Buffer.from(a);
+    flipped[flipped.length - 100] = 'c'.charCodeAt(0);
+    writeFileSync(path.join(dir, `records-${sha256(a)}.jsonl`), flipped);
+    expect(await refusal(count())).toMatch(/does not match its digest/);
+  }, 60_000);
+
   it('refuses a digest or count mismatch', async () => {
     const line = '{"episode_id":{"rollout_id":"r1","attempt":0}}\n';
     const dir = handWritten(line);

@@ -60,6 +60,25 @@ export function deferMinBytes(): number {
 const CHUNK_BYTES = 8 << 20;
 
 /**
+ * Chunk memory of count-only reads, kept by the process for the next one. A count-only read is a
+ * snapshot's validation in the controller's worker, once per checkpoint: fresh shared memory for
+ * every 8 MB chunk counts toward V8 starting a full collection, which in a worker holding thousands
+ * of parked `/run`s marks a heap of hundreds of MB, in or next to the following checkpoint's window
+ * (docs/performance.md). Nothing keeps a view into a counted chunk once it is hashed, and each read
+ * has at most two chunks in flight, so two files validated side by side fill the pool.
+ */
+const spareChunks: Buffer[] = [];
+const MAX_SPARE_CHUNKS = 4;
+
+function takeChunk(bytes: number): Buffer {
+  return (bytes === CHUNK_BYTES ? spareChunks.pop() : undefined) ?? sharedBuffer(bytes);
+}
+
+function giveBackChunk(chunk: Buffer): void {
+  if (chunk.buffer.byteLength === CHUNK_BYTES && spareChunks.length < MAX_SPARE_CHUNKS) spareChunks.push(Buffer.from(chunk.buffer));
+}
+
+/**
  * The byte range of this worker's part of a records file joined from as many workers (storage/
  * join.ts), with the part's own digest and count: it holds every episode this worker owns, and the
  * other workers check and parse theirs.
@@ -102,11 +121,18 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       let applied: Promise<void> = Promise.resolve();
       const ahead: Promise<void>[] = [];
       const hashed: Promise<void>[] = [];
-      for await (const chunk of wholeLineChunks(fh, range.start, range.end)) {
+      for await (const chunk of wholeLineChunks(fh, range.start, range.end, opts.countOnly ? takeChunk : sharedBuffer)) {
         hashed.push(digest.update(chunk));
         hashed.at(-1)!.catch(() => {}); // awaited after the digest, which releases a held first chunk
-        if (opts.countOnly) lines.count += linesIn(chunk);
-        else if (field === undefined) {
+        if (opts.countOnly) {
+          lines.count += linesIn(chunk);
+          void hashed.at(-1)!.then(
+            () => giveBackChunk(chunk),
+            () => {},
+          );
+          // The previous chunk hashed before the next is read: two in flight at most.
+          if (hashed.length > 1) await hashed.at(-2);
+        } else if (field === undefined) {
           lines.parseChunk(chunk);
           // Parsing a chunk takes tens of ms: let control routes in between.
           await new Promise<void>((resolve) => setImmediate(resolve));
@@ -140,13 +166,13 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
 
 /**
  * The file's bytes from `start` to `end` in chunks of whole lines (the last may lack its LF), each
- * in fresh shared memory: kept records may hold views into it, and the threads read it without a
- * copy. Concatenated, the chunks are those bytes.
+ * in shared memory from `take` (fresh, unless the read keeps nothing): kept records may hold views
+ * into it, and the threads read it without a copy. Concatenated, the chunks are those bytes.
  */
-async function* wholeLineChunks(fh: FileHandle, start: number, end: number): AsyncGenerator<Buffer> {
+async function* wholeLineChunks(fh: FileHandle, start: number, end: number, take: (bytes: number) => Buffer): AsyncGenerator<Buffer> {
   let carry = Buffer.alloc(0);
   for (let position = start; position < end || carry.length > 0; ) {
-    const buf = sharedBuffer(Math.max(Math.min(CHUNK_BYTES, end - position + carry.length), carry.length * 2, 1));
+    const buf = take(Math.max(Math.min(CHUNK_BYTES, end - position + carry.length), carry.length * 2, 1));
     let filled = carry.copy(buf);
     while (filled < buf.length && position < end) {
       const { bytesRead } = await fh.read(buf, filled, Math.min(buf.length - filled, end - position), position);
