@@ -8,7 +8,10 @@
 // Each checkpoint's line names the CPU seconds of every Gym server over it. Environment knobs:
 // BENCH_GYM_PROFILE=<dir> (CPU profiles of the Gym processes, cut with the printed windows),
 // BENCH_GYM_NODE_OPTIONS (Node options of the Gym processes, e.g. a preload), BENCH_KEEP_DIR=1
-// (keep the run's directory: snapshots, server logs), BENCH_SHARD_TIMING=1, BENCH_VERBOSE=1.
+// (keep the run's directory: snapshots, server logs), BENCH_SHARD_TIMING=1 (the shards' side of each
+// candidates stage, printed after the last checkpoint), BENCH_VERBOSE=1 (each attempt's events and
+// the run's, fetched between checkpoints: this process is the controller's worker, so it loads the
+// next checkpoint; not for figures).
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -62,7 +65,7 @@ const PARKED_WINDOW_S = 10;
  * start, the child's workflow tasks and activities waiting in the server's queues, and from the
  * child's end to the update's answer.
  */
-async function checkpointTiming(client: Client, runWorkflowId: string, shards: number, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
+async function checkpointTiming(client: Client, runWorkflowId: string, workflowId: string, askedAt: number, answeredAt: number): Promise<Row> {
   const events = (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
   const first = eventMs(events[0]?.eventTime);
   if (process.env.BENCH_VERBOSE) {
@@ -104,7 +107,6 @@ async function checkpointTiming(client: Client, runWorkflowId: string, shards: n
       console.log(`  shard0 ${(t - first).toFixed(0).padStart(6)} ms  ${eventType(e)} ${e.workflowExecutionSignaledEventAttributes?.signalName ?? ''}`);
     }
   }
-  if (process.env.BENCH_SHARD_TIMING) printShardTimings(await shardTimings(client, runWorkflowId, shards, events));
   const wft = workflowTaskTimes(events);
   let queued = 0;
   for (const t of activityTimes(events).values()) queued += t.queuedMs;
@@ -147,7 +149,6 @@ async function checkpointOnce(
   client: Client,
   handle: Awaited<ReturnType<typeof startRun>>,
   rollouts: number,
-  shards: number,
   attemptIds: string[],
   cpu: () => Promise<CpuReading>,
 ): Promise<Row> {
@@ -162,14 +163,7 @@ async function checkpointOnce(
   if (process.env.BENCH_SHARD_TIMING || process.env.BENCH_GYM_PROFILE)
     console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
-  const attempt = await checkpointTiming(
-    client,
-    `scale-${rollouts}`,
-    shards,
-    checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId),
-    askedAt,
-    answeredAt,
-  );
+  const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   return {
     outcome: `${outcome.outcome}/${outcome.reason}`,
     exported: outcome.scopeCount ?? 0,
@@ -341,13 +335,27 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     if (k > 0) await sleep(2_000);
     // The wall clock, to line the checkpoint up with samples taken outside the bench.
     if (process.env.BENCH_VERBOSE) console.log(`  checkpoint ${k + 1}/${checkpoints} asked at ${new Date().toISOString()}`);
-    const one = await checkpointOnce(client, handle, rollouts, shardCount(cfg), attemptIds, () => cpuNow(gymRunDir, server.pid!));
+    const one = await checkpointOnce(client, handle, rollouts, attemptIds, () => cpuNow(gymRunDir, server.pid!));
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(
       `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s; ` +
         `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}`,
     );
+  }
+  if (process.env.BENCH_SHARD_TIMING) {
+    const attempts = await Promise.all(
+      attemptIds.map((id) =>
+        client.workflow
+          .getHandle(id)
+          .fetchHistory()
+          .then((h) => h.events ?? []),
+      ),
+    );
+    for (const [k, timings] of (await shardTimings(client, `scale-${rollouts}`, shardCount(cfg), attempts)).entries()) {
+      console.log(`  checkpoint ${k + 1}/${checkpoints}, the shards' candidates (ms from the attempt's start):`);
+      printShardTimings(timings);
+    }
   }
   if (process.env.BENCH_GYM_PROFILE) await profilesBeforeKill(gymRunDir, process.env.BENCH_GYM_PROFILE);
   await post(`${backend}/_ctl/release`, {});

@@ -1,7 +1,7 @@
 // Where a checkpoint's candidates window went, shard by shard, read from the histories: when each
 // shard got the attempt's request, when its next workflow task started and completed (the cut's
 // local activity runs inside it), and when its answer reached the attempt. All in ms from the
-// attempt's first event. Printed with BENCH_SHARD_TIMING=1.
+// attempt's first event. Printed with BENCH_SHARD_TIMING=1, after the last checkpoint.
 import type { Client } from '@temporalio/client';
 import { shardWorkflowId } from '../../workflows/shard-id.js';
 import { eventMs, type HistoryEvents } from './history-timing.js';
@@ -24,37 +24,49 @@ function signalPayload(e: HistoryEvents[number]): Record<string, unknown> | unde
   }
 }
 
-export async function shardTimings(client: Client, run: string, shards: number, attemptEvents: HistoryEvents): Promise<ShardTiming[]> {
+/**
+ * Each checkpoint attempt's timings (its history's events, in order), from every shard's history
+ * fetched once: the bench asks after its last checkpoint, not between them, because the shards'
+ * histories are large and this process is the controller's worker (fetching them between
+ * checkpoints loaded it in the next one's window).
+ */
+export async function shardTimings(client: Client, run: string, shards: number, attempts: HistoryEvents[]): Promise<ShardTiming[][]> {
+  const shardEvents = await Promise.all(
+    Array.from({ length: shards }, (_, shard) =>
+      client.workflow
+        .getHandle(shardWorkflowId(run, shard))
+        .fetchHistory()
+        .then((h) => h.events ?? [])
+        .catch(() => [] as HistoryEvents),
+    ),
+  );
+  return attempts.map((attemptEvents) => timingsOf(attemptEvents, shardEvents));
+}
+
+function timingsOf(attemptEvents: HistoryEvents, shardEvents: HistoryEvents[]): ShardTiming[] {
   const first = eventMs(attemptEvents[0]?.eventTime);
-  const out: ShardTiming[] = Array.from({ length: shards }, (_, shard) => ({ shard }));
+  const out: ShardTiming[] = shardEvents.map((_, shard) => ({ shard }));
   for (const e of attemptEvents) {
     if (e.workflowExecutionSignaledEventAttributes?.signalName !== 'shardAnswer') continue;
     const shard = Number(signalPayload(e)?.shard);
     const t = out[shard];
     if (t && t.answerMs === undefined) t.answerMs = eventMs(e.eventTime) - first;
   }
-  await Promise.all(
-    out.map(async (t) => {
-      const events = await client.workflow
-        .getHandle(shardWorkflowId(run, t.shard))
-        .fetchHistory()
-        .then((h) => h.events ?? [])
-        .catch(() => []);
-      for (const e of events) {
-        const at = eventMs(e.eventTime) - first;
-        if (at < -50) continue;
-        if (t.requestMs === undefined) {
-          if (e.workflowExecutionSignaledEventAttributes?.signalName === 'shardRequest' && signalPayload(e)?.kind === 'candidates') t.requestMs = at;
-          continue;
-        }
-        if (t.taskStartedMs === undefined && e.workflowTaskStartedEventAttributes) t.taskStartedMs = at;
-        else if (t.taskStartedMs !== undefined && e.workflowTaskCompletedEventAttributes) {
-          t.taskCompletedMs = at;
-          break;
-        }
+  for (const t of out) {
+    for (const e of shardEvents[t.shard]!) {
+      const at = eventMs(e.eventTime) - first;
+      if (at < -50) continue;
+      if (t.requestMs === undefined) {
+        if (e.workflowExecutionSignaledEventAttributes?.signalName === 'shardRequest' && signalPayload(e)?.kind === 'candidates') t.requestMs = at;
+        continue;
       }
-    }),
-  );
+      if (t.taskStartedMs === undefined && e.workflowTaskStartedEventAttributes) t.taskStartedMs = at;
+      else if (t.taskStartedMs !== undefined && e.workflowTaskCompletedEventAttributes) {
+        t.taskCompletedMs = at;
+        break;
+      }
+    }
+  }
   return out;
 }
 
