@@ -54,3 +54,24 @@ export class RecordsDigest {
 export function sharedBuffer(bytes: number): Buffer {
   return Buffer.from(new SharedArrayBuffer(bytes));
 }
+
+/** The shared memory kept by the process between uses: a records writer's batch, a count-only reader's chunk. */
+export const SHARED_CHUNK_BYTES = 8 << 20;
+/**
+ * Whole chunks not in use. Fresh shared memory counts toward V8 starting a full collection, and a
+ * process holding thousands of episodes (a Gym server) or parked `/run`s (the controller's worker)
+ * then marks a heap of hundreds of MB inside or next to a checkpoint; kept, it mostly does not
+ * (docs/performance.md). As many as one writer, or two readers side by side, use at once.
+ */
+const idleChunks: Buffer[] = [];
+const MAX_IDLE_CHUNKS = 4;
+
+/** A kept chunk when `bytes` is a whole chunk and one is idle; fresh shared memory of `bytes` otherwise. */
+export function takeSharedChunk(bytes: number): Buffer {
+  return (bytes === SHARED_CHUNK_BYTES ? idleChunks.pop() : undefined) ?? sharedBuffer(bytes);
+}
+
+/** Keeps a whole chunk for the next take (its user is done with every view into it). */
+export function returnSharedChunk(buf: Buffer): void {
+  if (buf.buffer.byteLength === SHARED_CHUNK_BYTES && idleChunks.length < MAX_IDLE_CHUNKS) idleChunks.push(Buffer.from(buf.buffer));
+}

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { refuse } from '../../../protocol/errors.js';
 import type { CaptureKey } from '../../../protocol/ids.js';
 import type { CheckpointRecord, Manifest } from '../../../protocol/manifest.js';
-import { RecordsDigest, sharedBuffer } from './digest.js';
+import { RecordsDigest, SHARED_CHUNK_BYTES, returnSharedChunk, sharedBuffer, takeSharedChunk } from './digest.js';
 import { readManifest } from './manifest.js';
 import { RecordLines, linesIn } from './record-lines.js';
 import { participantDir, storageError } from './paths.js';
@@ -57,26 +57,7 @@ export function deferMinBytes(): number {
   return Number(env);
 }
 
-const CHUNK_BYTES = 8 << 20;
-
-/**
- * Chunk memory of count-only reads, kept by the process for the next one. A count-only read is a
- * snapshot's validation in the controller's worker, once per checkpoint: fresh shared memory for
- * every 8 MB chunk counts toward V8 starting a full collection, which in a worker holding thousands
- * of parked `/run`s marks a heap of hundreds of MB, in or next to the following checkpoint's window
- * (docs/performance.md). Nothing keeps a view into a counted chunk once it is hashed, and each read
- * has at most two chunks in flight, so two files validated side by side fill the pool.
- */
-const spareChunks: Buffer[] = [];
-const MAX_SPARE_CHUNKS = 4;
-
-function takeChunk(bytes: number): Buffer {
-  return (bytes === CHUNK_BYTES ? spareChunks.pop() : undefined) ?? sharedBuffer(bytes);
-}
-
-function giveBackChunk(chunk: Buffer): void {
-  if (chunk.buffer.byteLength === CHUNK_BYTES && spareChunks.length < MAX_SPARE_CHUNKS) spareChunks.push(Buffer.from(chunk.buffer));
-}
+const CHUNK_BYTES = SHARED_CHUNK_BYTES;
 
 /**
  * The byte range of this worker's part of a records file joined from as many workers (storage/
@@ -121,13 +102,15 @@ export async function readRecords(opts: ReadRecordsOptions): Promise<ReadRecords
       let applied: Promise<void> = Promise.resolve();
       const ahead: Promise<void>[] = [];
       const hashed: Promise<void>[] = [];
-      for await (const chunk of wholeLineChunks(fh, range.start, range.end, opts.countOnly ? takeChunk : sharedBuffer)) {
+      for await (const chunk of wholeLineChunks(fh, range.start, range.end, opts.countOnly ? takeSharedChunk : sharedBuffer)) {
         hashed.push(digest.update(chunk));
         hashed.at(-1)!.catch(() => {}); // awaited after the digest, which releases a held first chunk
         if (opts.countOnly) {
+          // A snapshot's validation, once per checkpoint in the controller's worker: nothing keeps
+          // a view into a counted chunk once it is hashed, so its memory is kept for the next read.
           lines.count += linesIn(chunk);
           void hashed.at(-1)!.then(
-            () => giveBackChunk(chunk),
+            () => returnSharedChunk(chunk),
             () => {},
           );
           // The previous chunk hashed before the next is read: two in flight at most.

@@ -4,7 +4,7 @@
 import { refuse } from '../../../protocol/errors.js';
 import { captureKey, decodeEpisodeId } from '../../../protocol/ids.js';
 import { JsonLineEncoder, LosslessJsonError } from '../../../protocol/lossless-json.js';
-import { RecordsDigest, sharedBuffer } from './digest.js';
+import { RecordsDigest, SHARED_CHUNK_BYTES, returnSharedChunk, takeSharedChunk } from './digest.js';
 import { describeValue } from './paths.js';
 import { isPlainObject } from './record-lines.js';
 
@@ -16,7 +16,8 @@ export interface RecordsTarget {
   close(): Promise<void>;
 }
 
-const BATCH_BYTES = 8 << 20;
+/** A batch is one kept chunk of shared memory (digest.ts). */
+const BATCH_BYTES = SHARED_CHUNK_BYTES;
 /** Batches written at once before the encoder waits for the disk. */
 const MAX_INFLIGHT_BATCHES = 3;
 /** Start an fdatasync after this many unsynced bytes, so the final fsync has little left to do. */
@@ -26,13 +27,9 @@ const EARLY_SYNC_BYTES = 64 << 20;
 // by the process from one commit to the next instead of being allocated afresh for each: with
 // fresh ones, a server holding thousands of episodes collected its whole heap inside nearly every
 // checkpoint (external memory counts toward V8 starting a full collection); kept, it mostly does
-// not (docs/performance.md).
+// not (docs/performance.md). The batches are digest.ts's kept chunks.
 /** Encoders not in use. */
 const idleEncoders: PooledEncoder[] = [];
-/** Batch buffers not in use (shared memory, for the hash thread). */
-const idleBatches: Buffer[] = [];
-/** Batch buffers kept when idle: as many as one sink uses at once. */
-const MAX_IDLE_BATCHES = MAX_INFLIGHT_BATCHES + 1;
 
 /** An encoder whose batches go to the sink that holds it now. */
 class PooledEncoder {
@@ -53,11 +50,7 @@ function returnEncoder(pooled: PooledEncoder): void {
 }
 
 function takeBatch(bytes: number): Buffer {
-  return (bytes <= BATCH_BYTES && idleBatches.pop()) || sharedBuffer(Math.max(BATCH_BYTES, bytes));
-}
-
-function returnBatch(buf: Buffer): void {
-  if (buf.length === BATCH_BYTES && idleBatches.length < MAX_IDLE_BATCHES) idleBatches.push(buf);
+  return takeSharedChunk(Math.max(BATCH_BYTES, bytes));
 }
 
 export class RecordsSink {
@@ -135,7 +128,7 @@ export class RecordsSink {
     chunk.copy(buf);
     const data = buf.subarray(0, chunk.length);
     const done = Promise.all([fileWrite(this.fh, data, this.pos), this.digest.update(data)]).then(
-      () => returnBatch(buf),
+      () => returnSharedChunk(buf),
       (err: unknown) => void (this.failure ??= err),
     );
     this.pos += chunk.length;
