@@ -2,7 +2,7 @@
 // (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
-//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N]
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N] [--rollouts-per-shard N]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, the
 // busiest workflow against Temporal's default limits, and why attempts failed (if any did).
 // Each checkpoint's line names the CPU seconds of every Gym server over it. Environment knobs:
@@ -246,7 +246,7 @@ function scaleConfig(rollouts: number, dir: string) {
     },
     async_rl: { max_in_flight_groups: groups },
     rollout_checkpointing: { snapshot_attempt_interval_s: null, gym: { prepare_timeout_s: 300 } },
-    controller: { max_history_events: 40_000 },
+    controller: { max_history_events: 40_000, ...(rolloutsPerShard === undefined ? {} : { rollouts_per_shard: rolloutsPerShard }) },
     trainer: { enabled: false },
     checkpointing: { enabled: false },
   });
@@ -426,6 +426,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     max_signals_per_s: round3(limits.maxSignalsPerS),
     busiest_workflow: limits.busiest,
     max_payload_bytes: limits.maxPayloadBytes,
+    largest_payload: limits.largestPayloadIn,
   };
   await workers.shutdown();
   await running;
@@ -443,8 +444,11 @@ const { values } = parseArgs({
     'control-threads': { type: 'string' },
     // The model, agent and environment server as N worker processes each (the floor keeps one).
     workers: { type: 'string', default: '1' },
+    // `controller.rollouts_per_shard` (the run config's default when not given).
+    'rollouts-per-shard': { type: 'string' },
   },
 });
+const rolloutsPerShard = values['rollouts-per-shard'] === undefined ? undefined : Number(values['rollouts-per-shard']);
 const controlThreads = values['control-threads'] === undefined ? undefined : Number(values['control-threads']);
 const checkpoints = Number(values.checkpoints);
 if (!Number.isInteger(checkpoints) || checkpoints < 1) throw new Error(`--checkpoints must be a positive integer, got ${values.checkpoints}`);

@@ -13,6 +13,8 @@ export interface WorkflowLimits {
   maxSignalsPerS: number;
   /** The largest payload (bytes of data) any one event carries. */
   maxPayloadBytes: number;
+  /** The type of the event that carries it. */
+  maxPayloadEvent: string;
 }
 
 const CHILD_CLOSED = new Set([
@@ -44,7 +46,7 @@ function payloadBytes(v: unknown): number {
  * which the signal rate counts as sustained.
  */
 export function workflowLimits(runs: HistoryEvents[], windowS = 10): WorkflowLimits {
-  const out: WorkflowLimits = { maxPendingChildren: 0, maxPendingActivities: 0, maxSignalsPerS: 0, maxPayloadBytes: 0 };
+  const out: WorkflowLimits = { maxPendingChildren: 0, maxPendingActivities: 0, maxSignalsPerS: 0, maxPayloadBytes: 0, maxPayloadEvent: '' };
   const signals: number[] = [];
   for (const events of runs) {
     let children = 0;
@@ -58,7 +60,11 @@ export function workflowLimits(runs: HistoryEvents[], windowS = 10): WorkflowLim
       else if (type === 'workflowExecutionSignaled') signals.push(eventMs(e.eventTime));
       out.maxPendingChildren = Math.max(out.maxPendingChildren, children);
       out.maxPendingActivities = Math.max(out.maxPendingActivities, activities);
-      out.maxPayloadBytes = Math.max(out.maxPayloadBytes, payloadBytes(e));
+      const bytes = payloadBytes(e);
+      if (bytes > out.maxPayloadBytes) {
+        out.maxPayloadBytes = bytes;
+        out.maxPayloadEvent = type;
+      }
     }
   }
   signals.sort((a, b) => a - b);
@@ -71,11 +77,13 @@ export function workflowLimits(runs: HistoryEvents[], windowS = 10): WorkflowLim
 
 /** The worst of each figure over several workflows. */
 export function worstOf(all: WorkflowLimits[]): WorkflowLimits {
+  const largest = all.reduce<WorkflowLimits | undefined>((a, l) => (a && a.maxPayloadBytes >= l.maxPayloadBytes ? a : l), undefined);
   return {
     maxPendingChildren: Math.max(0, ...all.map((l) => l.maxPendingChildren)),
     maxPendingActivities: Math.max(0, ...all.map((l) => l.maxPendingActivities)),
     maxSignalsPerS: Math.max(0, ...all.map((l) => l.maxSignalsPerS)),
-    maxPayloadBytes: Math.max(0, ...all.map((l) => l.maxPayloadBytes)),
+    maxPayloadBytes: largest?.maxPayloadBytes ?? 0,
+    maxPayloadEvent: largest?.maxPayloadEvent ?? '',
   };
 }
 
@@ -92,10 +100,11 @@ export async function executions(client: Client, workflowId: string): Promise<Hi
 }
 
 /** The limits of each workflow ID over all its executions, worst of all. */
-export async function limitsOf(client: Client, workflowIds: readonly string[]): Promise<WorkflowLimits & { busiest: string }> {
+export async function limitsOf(client: Client, workflowIds: readonly string[]): Promise<WorkflowLimits & { busiest: string; largestPayloadIn: string }> {
   const each = await Promise.all(workflowIds.map(async (id) => workflowLimits((await executions(client, id)).map((h) => h.events ?? []))));
   const worst = worstOf(each);
   // Which workflow took the most signals (the limit a cluster feels first).
   const busiest = workflowIds[each.findIndex((l) => l.maxSignalsPerS === worst.maxSignalsPerS)] ?? '';
-  return { ...worst, busiest };
+  const largestIn = workflowIds[each.findIndex((l) => l.maxPayloadBytes === worst.maxPayloadBytes)] ?? '';
+  return { ...worst, busiest, largestPayloadIn: `${largestIn} ${worst.maxPayloadEvent}`.trim() };
 }
