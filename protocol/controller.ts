@@ -281,8 +281,8 @@ export type CheckpointReason =
  * attempt's timings, its details in the UI, the metrics and the run report all use.
  */
 export const CHECKPOINT_STAGES = {
-  allocate: 'snapshot directory, and no Gym process restarted',
-  candidates: 'shards write their episodes in flight and ledger parts',
+  allocate: 'snapshot directory',
+  candidates: 'shards write their episodes in flight and ledger parts; no Gym process restarted',
   prepare: 'Gym prepares',
   commit: 'Gym commits',
   ledger_cut: 'shards write their ledger parts again (recut)',

@@ -1,6 +1,6 @@
 // One Gym-aware snapshot attempt (ID `<run>/checkpoint/<checkpoint_id>`). It ends in exactly one
 // of publish + release, or abort, always with the same checkpoint ID (controller.md §2.2–2.4):
-//   candidates + ledger parts (shards) → prepare → commit → [recut] → manifest → validate → publish → resume
+//   allocate → candidates + ledger parts (shards), beside the restart check → prepare → commit → [recut] → manifest → validate → publish → resume
 // The candidates request closes admission in every shard (it carries the holds). A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
@@ -106,29 +106,22 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let commit: GymCommitOutcome | undefined;
   let restarts: CaptureKey[] = [];
   try {
-    // Allocation and the restart check side by side. A participant that restarted fresh holds none
-    // of the episodes in flight: a snapshot now would publish a cut that continues nothing. Recover first.
+    // The snapshot's directory first: the shards write their parts into it.
     stage('allocate');
-    const [allocated, now] = await timed('allocate', () =>
-      Promise.all([
-        files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }),
-        discovery.discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel, probeTimeoutS: input.prepareTimeoutS }).catch((err: unknown) => {
-          const down = unreachableServers(err);
-          if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
-          throw err;
-        }),
-      ]),
-    );
-    location = allocated;
-    const restarted = Object.entries(input.topology.instances ?? {})
-      .filter(([name, instance]) => now.instances[name] !== instance)
-      .map(([name]) => name);
-    if (restarted.length > 0) throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
+    location = await timed('allocate', () => files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }));
     const tmpDir = location.tmpDir;
     // Admission closes in each shard with this request (it carries the checkpoint's holds), and
     // every shard has answered before Gym prepares: no `/run` dispatched before the hold can find
     // Gym prepared and be left out of the candidates. Each shard writes its ledger part with them.
-    const candidates = await timed('candidates', () => shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir, holds: input.holds }), shardTimeoutMs));
+    // The restart check goes side by side with it: a participant that restarted fresh holds none
+    // of the episodes in flight, and a snapshot now would publish a cut that continues nothing.
+    stage('candidates');
+    const [checked, asked] = await timed('candidates', () =>
+      Promise.allSettled([restartCheck(discovery, input), shards.ask(everyShard, () => ({ kind: 'candidates', tmpDir, holds: input.holds }), shardTimeoutMs)]),
+    );
+    if (checked.status === 'rejected') throw checked.reason;
+    if (asked.status === 'rejected') throw asked.reason;
+    const candidates = asked.value;
     const parts = new Map(requireAnswers('candidates', candidates).map((a) => [a.shard, a.part!]));
 
     stage('prepare');
@@ -241,6 +234,21 @@ async function releaseShards(input: CheckpointAttemptInput): Promise<number> {
     .signalShards({ run: input.run, holds: { shards: allShards(input.shards), holds } })
     .catch(() => undefined);
   return at;
+}
+
+/** Fails the attempt when Gym is unreachable or a participant restarted since the run discovered it. */
+async function restartCheck(discovery: ReturnType<typeof checkpointProbeLocalActivities>, input: CheckpointAttemptInput): Promise<void> {
+  const now = await discovery
+    .discoverGym({ runDir: input.gymRunDir, requireModel: input.requireModel, probeTimeoutS: input.prepareTimeoutS })
+    .catch((err: unknown) => {
+      const down = unreachableServers(err);
+      if (down.length > 0) throw new AttemptFailed('io_error', `Gym unreachable: ${down.join(', ')}`, true);
+      throw err;
+    });
+  const restarted = Object.entries(input.topology.instances ?? {})
+    .filter(([name, instance]) => now.instances[name] !== instance)
+    .map(([name]) => name);
+  if (restarted.length > 0) throw new GymRestarted(`Gym processes restarted since discovery: ${restarted.sort().join(', ')}`);
 }
 
 /** The uncommitted capture keys by the shard that owns them. */
