@@ -122,9 +122,11 @@ export const RunConfigSchema = z.strictObject({
       /**
        * Rollout attempts in flight per rollout shard (the workflows that start the attempts and
        * batch their reports): the run has ceil(max_in_flight_groups × num_generations_per_prompt / this)
-       * shards, so no workflow owns more than about twice this many pending children.
+       * shards. A shard carries its attempts' ledger slice across continue-as-new (~185 KB at
+       * 1,000), and a checkpoint asks every shard for its part, so fewer, fuller shards close
+       * admission for less time (docs/performance.md).
        */
-      rollouts_per_shard: z.number().int().min(1).max(1_000).default(500),
+      rollouts_per_shard: z.number().int().min(1).max(1_000).default(1_000),
       /**
        * How long an activity's task may wait for a worker before it is scheduled again: the server
        * can lose a task in a restart, and nothing else would ever time it out. Also how often a
@@ -139,7 +141,7 @@ export const RunConfigSchema = z.strictObject({
       run_heartbeat_timeout_s: 120,
       run_heartbeats_per_s: 50,
       gym_recovery_timeout_s: 600,
-      rollouts_per_shard: 500,
+      rollouts_per_shard: 1_000,
       schedule_to_start_timeout_s: 120,
     }),
 });
