@@ -1,8 +1,8 @@
-// The controller's Temporal workers, in one process:
+// The controller's Temporal workers, in one process (or one of them: --only control|rollouts):
 //  - the control task queue: every workflow, plus the coordination, snapshot and dataset activities;
 //  - the rollout task queue: only the long `/run` activity, sized for thousands of concurrent rollouts,
 //    so coordination calls never queue behind rollouts.
-//   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run]
+//   tsx worker.ts [--address 127.0.0.1:7233] [--namespace default] [--task-queue rollout-control] [--rollout-task-queue rollout-run] [--only control|rollouts]
 //                 [--connect-timeout-s N] [--metrics-address IP:PORT] [--log-format json|text] [--otlp-endpoint URL]   (--help: WORKER_CLI)
 // The Gym control token comes from GYM_CONTROL_TOKEN. A Temporal server that cannot be reached at
 // start (not up yet, restarting) is retried with backoff, each try logged; by default for ever.
@@ -33,6 +33,12 @@ export interface ControllerWorkerOptions {
   taskQueue?: string;
   rolloutTaskQueue?: string;
   controlToken: string;
+  /**
+   * One of the two workers only: `rollouts` keeps the parked `/run`s (a connection and some memory
+   * each) and the attempt workflows in a process of its own, away from the control workflows'
+   * collections; default both.
+   */
+  only?: WorkerRole;
   /** Reuse bundles across workers in one process (tests). */
   workflowBundle?: WorkflowBundleWithSourceMap;
   attemptBundle?: WorkflowBundleWithSourceMap;
@@ -58,6 +64,10 @@ export interface ControllerWorkerOptions {
    */
   tracing?: Tracing | undefined;
 }
+
+/** Which task queue a worker process polls (`--only`). */
+export type WorkerRole = 'control' | 'rollouts';
+export const WORKER_ROLES: readonly WorkerRole[] = ['control', 'rollouts'];
 
 export interface ControllerWorkers {
   run(): Promise<void>;
@@ -137,13 +147,15 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   installWorkerRuntime({ metricsAddress: opts.metricsAddress, logFormat: opts.logFormat });
   const bundleLog = opts.logFormat === 'json' ? new JsonLogger() : undefined;
   const tracing = opts.tracing !== undefined;
+  const control = opts.only !== 'rollouts';
+  const rollouts = opts.only !== 'control';
   const [workflowBundle, attemptBundle] = await Promise.all([
-    opts.workflowBundle ?? bundleWorkflows(bundleLog, { tracing }),
-    opts.attemptBundle ?? bundleAttemptWorkflows(bundleLog, { tracing }),
+    control ? (opts.workflowBundle ?? bundleWorkflows(bundleLog, { tracing })) : undefined,
+    rollouts ? (opts.attemptBundle ?? bundleAttemptWorkflows(bundleLog, { tracing })) : undefined,
   ]);
   // A bundle without the interceptors would trace nothing in its workflows; one with them and no
   // sink would report every span it ends as a call to a sink that does not exist.
-  for (const bundle of [workflowBundle, attemptBundle])
+  for (const bundle of [workflowBundle, attemptBundle].filter((b) => b !== undefined))
     if (bundleTraces(bundle) !== tracing)
       throw new Error(
         `worker: a workflow bundle built ${tracing ? 'without' : 'with'} { tracing: true } for a worker that ${tracing ? 'traces' : 'does not trace'}`,
@@ -159,55 +171,61 @@ export async function createControllerWorkers(opts: ControllerWorkerOptions): Pr
   const { connection, workers } = await connectWorkers(opts, async (connection) => {
     // Before any workflow runs: one that sets an unregistered search attribute would fail its tasks.
     await registerSearchAttributes(connection, namespace, opts);
-    return [
-      await Worker.create({
-        connection,
-        namespace,
-        taskQueue: opts.taskQueue ?? 'rollout-control',
-        workflowBundle,
-        activities,
-        maxConcurrentActivityTaskExecutions: 200,
-        maxConcurrentWorkflowTaskExecutions: 64,
-        maxCachedWorkflows: 4_000,
-        workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
-        ...traced,
-      }),
-      await Worker.create({
-        connection,
-        namespace,
-        taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
-        // The attempt workflows and their `/run`s: an attempt's activity is dispatched eagerly to
-        // this worker with its workflow task's completion.
-        workflowBundle: attemptBundle,
-        activities: { runEpisode: activities.runEpisode },
-        maxConcurrentWorkflowTaskExecutions: 64,
-        // No cache, so no sticky queue: an attempt's history is a dozen events, replayed whole at
-        // each of its few tasks. With a sticky queue the SDK polls the shared queue with a fifth
-        // of its pollers, and every attempt's first task and (once evicted) its last come there:
-        // dispatch and the finish after a checkpoint's release waited on those few pollers, and
-        // a released burst's tasks timed out on the sticky queue first (docs/performance.md).
-        maxCachedWorkflows: 0,
-        // A `/run`'s activity holds its slot only until it hands the call to the run keeper.
-        maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
-        maxConcurrentActivityTaskPolls: 20,
-        ...traced,
-      }),
-    ];
+    const created: Worker[] = [];
+    if (workflowBundle) {
+      created.push(
+        await Worker.create({
+          connection,
+          namespace,
+          taskQueue: opts.taskQueue ?? 'rollout-control',
+          workflowBundle,
+          activities,
+          maxConcurrentActivityTaskExecutions: 200,
+          maxConcurrentWorkflowTaskExecutions: 64,
+          maxCachedWorkflows: 4_000,
+          workflowThreadPoolSize: opts.controlWorkflowThreads ?? 1,
+          ...traced,
+        }),
+      );
+    }
+    if (attemptBundle) {
+      created.push(
+        await Worker.create({
+          connection,
+          namespace,
+          taskQueue: opts.rolloutTaskQueue ?? 'rollout-run',
+          // The attempt workflows and their `/run`s: an attempt's activity is dispatched eagerly to
+          // this worker with its workflow task's completion.
+          workflowBundle: attemptBundle,
+          activities: { runEpisode: activities.runEpisode },
+          maxConcurrentWorkflowTaskExecutions: 64,
+          // No cache, so no sticky queue: an attempt's history is a dozen events, replayed whole at
+          // each of its few tasks. With a sticky queue the SDK polls the shared queue with a fifth
+          // of its pollers, and every attempt's first task and (once evicted) its last come there:
+          // dispatch and the finish after a checkpoint's release waited on those few pollers, and
+          // a released burst's tasks timed out on the sticky queue first (docs/performance.md).
+          maxCachedWorkflows: 0,
+          // A `/run`'s activity holds its slot only until it hands the call to the run keeper.
+          maxConcurrentActivityTaskExecutions: opts.maxConcurrentRollouts ?? 5_000,
+          maxConcurrentActivityTaskPolls: 20,
+          ...traced,
+        }),
+      );
+    }
+    return created;
   });
-  const [control, rollouts] = workers as [Worker, Worker];
   let running: Promise<void> | undefined;
   return {
     run() {
       // The `/run`s still open are failed as retryable (another worker's retry attaches to their
       // episodes) and the outcomes go out before the connection closes (what does not, the server retries).
-      running ??= Promise.all([control.run(), rollouts.run()]).then(() =>
+      running ??= Promise.all(workers.map((w) => w.run())).then(() =>
         runKeeper.shutdown(RUN_OUTCOMES_DRAIN_MS).then(() => Promise.all([connection.close(), closeActivityPools(pools)]).then(() => {})),
       );
       return running;
     },
     async shutdown() {
-      control.shutdown();
-      rollouts.shutdown();
+      for (const w of workers) w.shutdown();
       await running;
     },
   };
@@ -217,17 +235,23 @@ const WORKER_CLI = defineCommand({
   name: 'worker',
   invocation: 'npm run worker',
   usage: [
-    'npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--connect-timeout-s N]',
+    'npm run worker -- [--address HOST:PORT] [--namespace NS] [--task-queue Q] [--rollout-task-queue Q] [--only control|rollouts] [--connect-timeout-s N]',
     '                  [--metrics-address IP:PORT] [--log-format json|text] [--otlp-endpoint URL]',
   ],
   summary:
     "The controller's Temporal workers in one process: every workflow and the coordination, snapshot and dataset activities on the control task queue; " +
-    "only the rollouts' long /run activity on the rollout task queue. A Temporal server that cannot be reached is retried with backoff, each try logged.",
+    "only the rollouts' attempt workflows and their long /run activity on the rollout task queue (--only: one of the two, e.g. several rollout processes beside one control process). " +
+    'A Temporal server that cannot be reached is retried with backoff, each try logged.',
   flags: {
     address: { type: 'string', value: 'HOST:PORT', help: 'the Temporal frontend (default: $TEMPORAL_ADDRESS, else 127.0.0.1:7233)' },
     namespace: { type: 'string', value: 'NS', help: 'the Temporal namespace (default: default)' },
     'task-queue': { type: 'string', value: 'Q', help: "the control task queue, a run config's run.task_queue (default: rollout-control)" },
     'rollout-task-queue': { type: 'string', value: 'Q', help: "the rollout task queue, a run config's run.rollout_task_queue (default: rollout-run)" },
+    only: {
+      type: 'string',
+      value: 'control|rollouts',
+      help: 'poll one task queue only: control (the workflows and coordination) or rollouts (the attempts and their /run calls), so that thousands of parked /run calls live in processes of their own (default: both)',
+    },
     'connect-timeout-s': { type: 'string', value: 'N', help: 'give up after N seconds without a Temporal server (default: retry for ever)' },
     'metrics-address': {
       type: 'string',
@@ -265,12 +289,15 @@ async function main(): Promise<void> {
     namespace: given.namespace ?? 'default',
     'task-queue': given['task-queue'] ?? 'rollout-control',
     'rollout-task-queue': given['rollout-task-queue'] ?? 'rollout-run',
+    only: given.only,
     'connect-timeout-s': given['connect-timeout-s'],
     // An empty variable counts as unset.
     'metrics-address': given['metrics-address'] ?? (process.env.WORKER_METRICS_ADDRESS || undefined),
     'log-format': given['log-format'] ?? (process.env.WORKER_LOG_FORMAT || 'json'),
     'otlp-endpoint': given['otlp-endpoint'] ?? (process.env.OTEL_EXPORTER_OTLP_ENDPOINT || undefined),
   };
+  const only = values.only;
+  if (only !== undefined && !WORKER_ROLES.includes(only as WorkerRole)) exitWithUsageError(WORKER_CLI, `--only must be control or rollouts, not '${only}'`);
   const logFormat = values['log-format'];
   if (logFormat !== 'json' && logFormat !== 'text') exitWithUsageError(WORKER_CLI, `--log-format must be json or text, not '${logFormat}'`);
   const metricsAddress = values['metrics-address'];
@@ -303,6 +330,7 @@ async function main(): Promise<void> {
     namespace: values.namespace,
     taskQueue: values['task-queue'],
     rolloutTaskQueue: values['rollout-task-queue'],
+    ...(only !== undefined ? { only: only as WorkerRole } : {}),
     controlToken,
     ...(connectTimeoutS !== undefined ? { connectTimeoutMs: connectTimeoutS * 1000 } : {}),
     ...(metricsAddress !== undefined ? { metricsAddress } : {}),
@@ -310,7 +338,13 @@ async function main(): Promise<void> {
     tracing,
   });
   for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void workers.shutdown());
-  lines.info(`worker: polling ${values['task-queue']} and ${values['rollout-task-queue']} on ${values.address}`, {
+  const polled =
+    only === 'control'
+      ? values['task-queue']
+      : only === 'rollouts'
+        ? values['rollout-task-queue']
+        : `${values['task-queue']} and ${values['rollout-task-queue']}`;
+  lines.info(`worker: polling ${polled} on ${values.address}`, {
     ...(metricsAddress !== undefined ? { metricsAddress } : {}),
     ...(tracing ? { otlpEndpoint } : {}),
   });

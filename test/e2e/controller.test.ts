@@ -39,10 +39,21 @@ let connection: Connection;
 let client: Client;
 const workers: GroupProcess[] = [];
 
-function startWorkerProcess(taskQueue: string, address = server.address): GroupProcess {
+function startWorkerProcess(taskQueue: string, address = server.address, extraArgs: string[] = []): GroupProcess {
   const proc = spawnGroup({
     command: process.execPath,
-    args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', address, '--task-queue', taskQueue, '--rollout-task-queue', `${taskQueue}-run`],
+    args: [
+      '--import',
+      'tsx',
+      join(ROOT, 'worker.ts'),
+      '--address',
+      address,
+      '--task-queue',
+      taskQueue,
+      '--rollout-task-queue',
+      `${taskQueue}-run`,
+      ...extraArgs,
+    ],
     env: { ...process.env, GYM_CONTROL_TOKEN: TOKEN },
     cwd: ROOT,
     onLine: (line) => {
@@ -151,6 +162,36 @@ describe('controller on the dev server with a real Gym', () => {
       expect(m.seconds.admission_closed_seconds).toBeGreaterThan(0);
     }
     // The worker's start (bundling its workflows) is in this test's time, up to 60 s on a loaded machine.
+  }, 120_000);
+
+  it('the control and the rollout worker as processes of their own (--only) finish a run with its checkpoints', async () => {
+    const tq = 'e2e-split';
+    const control = startWorkerProcess(tq, server.address, ['--only', 'control']);
+    const rollouts = startWorkerProcess(tq, server.address, ['--only', 'rollouts']);
+    await Promise.all([waitForLine(control, /worker: polling e2e-split on/, 60_000), waitForLine(rollouts, /worker: polling e2e-split-run on/, 60_000)]);
+    const cfg = config('e2e-split', tq, {
+      grpo: { num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: 3, tasksets: ['counter', 'weather'] },
+    });
+    const summary = await (await startRun(client, cfg)).result();
+    expect(summary.steps).toBe(3);
+    expect(summary.completedRollouts).toBe(3 * 2 * 4);
+    expect(summary.failedRollouts).toBe(0);
+    expect(summary.checkpoints.filter((c) => c.outcome === 'completed').length).toBeGreaterThanOrEqual(1);
+    expect(summary.checkpoints.filter((c) => c.outcome === 'failed')).toEqual([]);
+    // Each process polled only its own queue: the rollout attempts ran in the rollout process.
+    const pollers = async (queue: string, type: 'workflow' | 'activity') =>
+      (
+        await client.workflowService.describeTaskQueue({
+          namespace: 'default',
+          taskQueue: { name: queue },
+          taskQueueType: type === 'workflow' ? 1 : 2,
+        })
+      ).pollers ?? [];
+    const identities = async (queue: string) => new Set([...(await pollers(queue, 'workflow')), ...(await pollers(queue, 'activity'))].map((p) => p.identity));
+    const [controlIds, rolloutIds] = await Promise.all([identities(tq), identities(`${tq}-run`)]);
+    expect(controlIds.size).toBeGreaterThan(0);
+    expect(rolloutIds.size).toBeGreaterThan(0);
+    for (const id of controlIds) expect(rolloutIds.has(id), id ?? '').toBe(false);
   }, 120_000);
 
   it('a worker SIGKILLed in the middle of a checkpoint attempt: a new worker finishes that attempt with the same ID', async () => {

@@ -47,7 +47,17 @@ const COMMANDS: Command[] = [
     name: 'worker',
     script: 'worker.ts',
     verbs: [],
-    flags: ['--address', '--namespace', '--task-queue', '--rollout-task-queue', '--connect-timeout-s', '--metrics-address', '--log-format', '--otlp-endpoint'],
+    flags: [
+      '--address',
+      '--namespace',
+      '--task-queue',
+      '--rollout-task-queue',
+      '--only',
+      '--connect-timeout-s',
+      '--metrics-address',
+      '--log-format',
+      '--otlp-endpoint',
+    ],
     env: ['GYM_CONTROL_TOKEN', 'TEMPORAL_ADDRESS', 'WORKER_METRICS_ADDRESS', 'WORKER_LOG_FORMAT', 'OTEL_EXPORTER_OTLP_ENDPOINT'],
     sources: ['worker.ts', 'worker-telemetry.ts', 'servers/common/tracing.ts'],
   },
@@ -125,6 +135,16 @@ describe('run: usage errors', () => {
       expect(r.stderr.split('\n')[1]).toMatch(/^usage: npm run run -- /);
       noStack(r.stderr);
     }
+  }, 180_000);
+});
+
+describe('worker: usage errors', () => {
+  it('--only takes control or rollouts: anything else exits 2 with one line and the usage, before connecting', async () => {
+    const r = await runCommand('worker.ts', ['--only', 'everything'], { env: { ...process.env, GYM_CONTROL_TOKEN: 'x' } });
+    expect(r.code).toBe(2);
+    expect(r.stderr.split('\n')[0]).toBe("worker: --only must be control or rollouts, not 'everything'");
+    expect(r.stderr.split('\n')[1]).toMatch(/^usage: npm run worker -- /);
+    noStack(r.stderr);
   }, 180_000);
 });
 
