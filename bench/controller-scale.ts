@@ -2,7 +2,7 @@
 // (Temporal's default limits), each parked at its first model call by a per-rollout backend hold;
 // then K checkpoints through the controller, then release and let the run finish. Before it, on a
 // fresh server, the floor: the same N rollouts as trivial one-activity workflows (bench/floor/).
-//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N] [--rollouts-per-shard N]
+//   npm run bench -- controller-scale [--rollouts 2000] [--rollouts 8000] [--checkpoints 5] [--no-floor] [--control-threads N] [--workers N] [--rollouts-per-shard N] [--rollout-worker-process]
 // Prints the checkpoint attempt's stage seconds, the dispatch rate against the floor's, the
 // busiest workflow against Temporal's default limits, and why attempts failed (if any did).
 // Each checkpoint's line names the CPU seconds of every Gym server over it. Environment knobs:
@@ -30,6 +30,7 @@ import { activityTimes, eventMs, eventType, workflowTaskTimes } from './lib/hist
 import { printTable, round3, writeBenchResult, type Row } from './lib/results.js';
 import { printShardTimings, shardTimings } from './lib/shard-timing.js';
 import { limitsOf } from './lib/workflow-limits.js';
+import { startRolloutWorkerProcess, type RolloutWorkerProcess } from './lib/rollout-worker.js';
 import { failedAttempts } from './lib/failed-attempts.js';
 import { plannedGroups } from './lib/planned-groups.js';
 import { floorEpisodes, floorStart, startFloorWorkers } from './floor/driver.js';
@@ -126,13 +127,16 @@ interface CpuReading {
   byServer: Record<string, number>;
   server: number;
   bench: number;
+  /** The rollout worker's process, with `--rollout-worker-process` (else 0). */
+  rolloutWorker: number;
 }
 
-async function cpuNow(gymRunDir: string, serverPid: number): Promise<CpuReading> {
+async function cpuNow(gymRunDir: string, serverPid: number, rolloutWorkerPid?: number): Promise<CpuReading> {
   const byServer = await gymCpuSeconds(gymRunDir);
   const gym = Object.values(byServer).reduce((a, b) => a + b, 0);
   const { user, system } = process.cpuUsage();
-  return { gym, byServer, server: await processGroupCpuSeconds(serverPid), bench: (user + system) / 1e6 };
+  const rolloutWorker = rolloutWorkerPid === undefined ? 0 : await processGroupCpuSeconds(rolloutWorkerPid);
+  return { gym, byServer, server: await processGroupCpuSeconds(serverPid), bench: (user + system) / 1e6, rolloutWorker };
 }
 
 /** Each Gym server's CPU seconds between two readings, busiest first (`simple_agent 0.62, weather_env 0.41, …`). */
@@ -180,6 +184,7 @@ async function checkpointOnce(
     gym_cpu_s: round3(cpu1.gym - cpu0.gym),
     server_cpu_s: round3(cpu1.server - cpu0.server),
     bench_cpu_s: round3(cpu1.bench - cpu0.bench),
+    rollout_worker_cpu_s: round3(cpu1.rolloutWorker - cpu0.rolloutWorker),
     ...attempt,
   };
 }
@@ -215,6 +220,7 @@ async function world(rollouts: number, tag: string, workers = 1) {
     client: new Client({ connection }),
     cfg: scaleConfig(rollouts, dir),
     gymRunDir: join(dir, 'gym'),
+    dir,
     modelCalls: async () => ((await fetch(`${backend}/_ctl/call_count`).then((r) => r.json())) as { count: number }).count,
     async teardown() {
       await connection.close();
@@ -285,15 +291,26 @@ async function floorDispatchSeconds(rollouts: number): Promise<number> {
 
 async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean, gymWorkers: number): Promise<Row> {
   const floorS = withFloor ? await floorDispatchSeconds(rollouts) : Number.NaN;
-  const { server, endpoints, backend, client, cfg, modelCalls, teardown, gymRunDir } = await world(rollouts, 'controller', gymWorkers);
-  // Every rollout's /run holds an activity slot while it is parked: the default 5,000 slots would
-  // leave the rest unstarted (and the bench waiting for their model calls forever).
+  const { server, endpoints, backend, client, cfg, modelCalls, teardown, gymRunDir, dir } = await world(rollouts, 'controller', gymWorkers);
+  // --rollout-worker-process: the rollout worker in a process of its own (`npm run worker -- --only
+  // rollouts`, its own default of slots: a `/run` hands itself to the run keeper at once), the
+  // control worker here.
+  const rolloutWorker: RolloutWorkerProcess | undefined = values['rollout-worker-process']
+    ? await startRolloutWorkerProcess({
+        address: server.address,
+        taskQueue: 'scale',
+        rolloutTaskQueue: 'scale-run',
+        controlToken: TOKEN,
+        logFile: join(dir, 'rollout-worker.log'),
+      })
+    : undefined;
   const workers = await createControllerWorkers({
     address: server.address,
     controlToken: TOKEN,
     taskQueue: 'scale',
     rolloutTaskQueue: 'scale-run',
     maxConcurrentRollouts: rollouts + 100,
+    ...(rolloutWorker ? { only: 'control' as const } : {}),
     ...(controlThreads ? { controlWorkflowThreads: controlThreads } : {}),
   });
   const running = workers.run();
@@ -335,12 +352,13 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     if (k > 0) await sleep(2_000);
     // The wall clock, to line the checkpoint up with samples taken outside the bench.
     if (process.env.BENCH_VERBOSE) console.log(`  checkpoint ${k + 1}/${checkpoints} asked at ${new Date().toISOString()}`);
-    const one = await checkpointOnce(client, handle, rollouts, attemptIds, () => cpuNow(gymRunDir, server.pid!));
+    const one = await checkpointOnce(client, handle, rollouts, attemptIds, () => cpuNow(gymRunDir, server.pid!, rolloutWorker?.pid));
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(
       `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s; ` +
-        `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}`,
+        `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}` +
+        (rolloutWorker ? `, rollout worker ${String(one.rollout_worker_cpu_s)}` : ''),
     );
   }
   if (process.env.BENCH_SHARD_TIMING) {
@@ -430,6 +448,7 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
   };
   await workers.shutdown();
   await running;
+  await rolloutWorker?.stop();
   await teardown();
   return row;
 }
@@ -444,6 +463,8 @@ const { values } = parseArgs({
     'control-threads': { type: 'string' },
     // The model, agent and environment server as N worker processes each (the floor keeps one).
     workers: { type: 'string', default: '1' },
+    // The rollout worker (the attempts and their parked `/run`s) as a process of its own.
+    'rollout-worker-process': { type: 'boolean', default: false },
     // `controller.rollouts_per_shard` (the run config's default when not given).
     'rollouts-per-shard': { type: 'string' },
   },
