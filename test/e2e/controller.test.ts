@@ -40,20 +40,10 @@ let client: Client;
 const workers: GroupProcess[] = [];
 
 function startWorkerProcess(taskQueue: string, address = server.address, extraArgs: string[] = []): GroupProcess {
+  const queues = ['--task-queue', taskQueue, '--rollout-task-queue', `${taskQueue}-run`];
   const proc = spawnGroup({
     command: process.execPath,
-    args: [
-      '--import',
-      'tsx',
-      join(ROOT, 'worker.ts'),
-      '--address',
-      address,
-      '--task-queue',
-      taskQueue,
-      '--rollout-task-queue',
-      `${taskQueue}-run`,
-      ...extraArgs,
-    ],
+    args: ['--import', 'tsx', join(ROOT, 'worker.ts'), '--address', address, ...queues, ...extraArgs],
     env: { ...process.env, GYM_CONTROL_TOKEN: TOKEN },
     cwd: ROOT,
     onLine: (line) => {
