@@ -62,7 +62,7 @@ describe('checkpoint outcome', () => {
       '',
       '| stage | seconds |',
       '| --- | ---: |',
-      '| candidates (shards write their episodes in flight and ledger parts) | 0.500 |',
+      '| candidates (shards write their episodes in flight and ledger parts; no Gym process restarted) | 0.500 |',
       '| prepare (Gym prepares) | 0.416 |',
       '| commit (Gym commits) | 0.299 |',
       '| resume (Gym resumes) | 0.050 |',
