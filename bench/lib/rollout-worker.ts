@@ -1,20 +1,19 @@
 // The rollout worker as a process of its own (`npm run worker -- --only rollouts`), as a deployment
 // with thousands of rollouts in flight runs it: the parked `/run`s and the attempt workflows there,
-// the control workflows in the bench's process. Started in its own process group, its output in a
-// file; stopped with SIGTERM (its parked `/run`s failed as retryable), then SIGKILL.
-import { spawn } from 'node:child_process';
-import { closeSync, openSync, readFileSync } from 'node:fs';
+// the control workflows in the bench's process. Started in its own process group (the launcher's
+// spawnGroup), its output in a file; stopped with SIGTERM (its parked `/run`s failed as
+// retryable), then SIGKILL.
+import { createWriteStream } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { spawnGroup, waitForLine } from '../../servers/launcher/process-group.js';
 import { onExit } from './cleanup.js';
-import { setTimeout as sleep } from 'node:timers/promises';
 
 const PROJECT_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
 export interface RolloutWorkerProcess {
   /** Its process group, for CPU readings. */
   pid: number;
-  logFile: string;
   stop(): Promise<void>;
 }
 
@@ -26,53 +25,24 @@ export async function startRolloutWorkerProcess(opts: {
   logFile: string;
   startTimeoutMs?: number;
 }): Promise<RolloutWorkerProcess> {
-  const out = openSync(opts.logFile, 'a');
-  const args = ['--import', 'tsx', path.join(PROJECT_ROOT, 'worker.ts'), '--only', 'rollouts', '--log-format', 'text'];
-  args.push('--address', opts.address, '--task-queue', opts.taskQueue, '--rollout-task-queue', opts.rolloutTaskQueue);
-  const child = spawn(process.execPath, args, {
-    cwd: PROJECT_ROOT,
+  const log = createWriteStream(opts.logFile, { flags: 'a' });
+  const proc = spawnGroup({
+    command: process.execPath,
+    args: [
+      ...['--import', 'tsx', path.join(PROJECT_ROOT, 'worker.ts'), '--only', 'rollouts', '--log-format', 'text'],
+      ...['--address', opts.address, '--task-queue', opts.taskQueue, '--rollout-task-queue', opts.rolloutTaskQueue],
+    ],
     env: { ...process.env, GYM_CONTROL_TOKEN: opts.controlToken },
-    detached: true,
-    stdio: ['ignore', out, out],
+    cwd: PROJECT_ROOT,
+    onLine: (line) => log.write(`${line}\n`),
   });
-  closeSync(out);
-  const pid = child.pid!;
-  let exited = false;
-  child.once('exit', () => {
-    exited = true;
-  });
-  const stop = async (): Promise<void> => {
-    if (exited) return;
-    try {
-      process.kill(-pid, 'SIGTERM');
-    } catch {
-      return;
-    }
-    for (let waited = 0; !exited && waited < 30_000; waited += 200) await sleep(200);
-    if (!exited) {
-      try {
-        process.kill(-pid, 'SIGKILL');
-      } catch {
-        // gone meanwhile
-      }
-    }
-  };
-  const forget = onExit('the rollout worker process', stop);
-  const deadline = Date.now() + (opts.startTimeoutMs ?? 120_000);
-  while (!readFileSync(opts.logFile, 'utf8').includes('worker: polling')) {
-    if (exited || Date.now() > deadline) {
-      await stop();
-      throw new Error(
-        `the rollout worker process did not start polling (${exited ? 'it exited' : 'timed out'}); its log:\n${readFileSync(opts.logFile, 'utf8').slice(-2_000)}`,
-      );
-    }
-    await sleep(200);
+  void proc.exited.then(() => log.end());
+  const stop = onExit('the rollout worker process', () => proc.stop(30_000));
+  try {
+    await waitForLine(proc, /worker: polling/, opts.startTimeoutMs ?? 120_000);
+  } catch (err) {
+    await stop();
+    throw new Error(`the rollout worker process did not start polling: ${(err as Error).message}`);
   }
-  return {
-    pid,
-    logFile: opts.logFile,
-    async stop() {
-      await forget();
-    },
-  };
+  return { pid: proc.pid, stop };
 }
