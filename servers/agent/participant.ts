@@ -2,9 +2,9 @@
 // asks of kind `agent` when `checkpoint_sessions_supported` is true.
 import { refuse } from '../../protocol/errors.js';
 import { captureKey, sortedKeys, type CaptureKey } from '../../protocol/ids.js';
-import type { CheckpointRecord } from '../../protocol/manifest.js';
-import type { ParticipantHooks } from '../control/hooks.js';
+import { builtOnWrite, type ParticipantHooks } from '../control/hooks.js';
 import type { AgentCore } from './core.js';
+import type { BoundarySnapshot } from './loop-state.js';
 import { parseRecord, restoredSession, sessionRecord } from './records.js';
 import { retireEpisodes } from './retire.js';
 import { sessionCaptureKey, type AgentSession } from './sessions.js';
@@ -49,15 +49,15 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
     },
     async export(req) {
       const scope = req.scope ? new Set(req.scope.map(captureKey)) : null;
-      const records: CheckpointRecord[] = [];
+      const exported: [AgentSession, BoundarySnapshot | null][] = [];
       for (const s of core.sessions.values()) {
         req.signal.throwIfAborted();
         const key = sessionCaptureKey(s);
         if (key === undefined || s.retiring || req.carriedRestarts.has(key)) continue;
         if (scope && !scope.has(key)) continue;
-        records.push(sessionRecord(s));
+        exported.push([s, s.boundary]);
       }
-      return { records };
+      return { records: builtOnWrite(exported, ([s, boundary]) => sessionRecord(s, boundary)) };
     },
     async deleteRestored(scope) {
       const keep = new Set(scope.map(captureKey));

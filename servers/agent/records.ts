@@ -5,7 +5,7 @@ import { z } from 'zod';
 import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
 import { toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
-import { LoopStateSchema, pinBoundary, type LoopState } from './loop-state.js';
+import { LoopStateSchema, pinBoundary, type BoundarySnapshot, type LoopState } from './loop-state.js';
 import { isPlainAgentRecord } from './record-shape.js';
 import { grantOf } from './seed.js';
 import { newSession, type AgentSession } from './sessions.js';
@@ -23,8 +23,9 @@ export function sessionJson(s: AgentSession): Record<string, unknown> {
   };
 }
 
-export function sessionRecord(s: AgentSession): CheckpointRecord {
-  const boundary = s.boundary ? s.boundary() : null;
+/** `pinned`: the boundary the session was at when the export chose it (the record may be built later). */
+export function sessionRecord(s: AgentSession, pinned: BoundarySnapshot | null = s.boundary): CheckpointRecord {
+  const boundary = pinned ? pinned() : null;
   return { episode_id: s.episode!, session_key: s.key, session: sessionJson(s), boundary, episode: null };
 }
 

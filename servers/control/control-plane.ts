@@ -25,7 +25,7 @@ import {
   type RetireRequest,
   type StatusReply,
 } from '../../protocol/control.js';
-import type { Manifest } from '../../protocol/manifest.js';
+import type { CheckpointRecord, Manifest } from '../../protocol/manifest.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
 import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from '../common/async.js';
@@ -59,6 +59,8 @@ interface CommitState {
   exportTask: Promise<ExportResult>;
   write?: RecordsWrite;
   writeTask?: Promise<Manifest>;
+  /** The episodes of the records the write took, in order. */
+  episodes?: CaptureKey[];
   cleanupTask?: Promise<void>;
   /** Set by resume: nothing of this commit may start writing afterwards. */
   cancelled?: boolean;
@@ -413,13 +415,16 @@ export class ControlPlane {
     }
     if (state.cancelled) throw refuse('checkpoint_conflict', `checkpoint '${state.id}' was resumed before its write started`);
     if (!state.writeTask) {
-      // A retry after a failed write stores the same exported records again.
+      // A retry after a failed write stores the same exported records again. The reply names the
+      // episodes of the records written, taken as the write takes them (they may be built only then).
+      const episodes: CaptureKey[] = [];
+      state.episodes = episodes;
       const write = startRecordsWrite({
         checkpointDir: state.dir,
         kind: this.kind,
         instance: this.instance,
         checkpointId: state.id,
-        records: exported.records,
+        records: episodesTaken(exported.records, episodes),
         extras: exported.manifestExtras,
       });
       state.write = write;
@@ -451,12 +456,12 @@ export class ControlPlane {
       const reply: CommitReply = {
         phase: 'committed',
         manifest,
-        episode_ids: sortedKeys(exported.records.map((r) => captureKey(r.episode_id))),
+        episode_ids: sortedKeys(state.episodes ?? []),
         ...(exported.replyExtras ?? {}),
       };
       state.reply = reply;
       this.phase = 'committed';
-      this.metrics?.recordsExported(exported.records.length);
+      this.metrics?.recordsExported(state.episodes?.length ?? 0);
       return reply;
     });
   }
@@ -681,4 +686,17 @@ export class ControlPlane {
 function describe(err: unknown): string {
   if (err instanceof ProtocolError) return err.detail;
   return err instanceof Error ? err.message : String(err);
+}
+
+/** `records` as the write takes them; each episode is noted once the write has accepted its record. */
+function episodesTaken(records: Iterable<CheckpointRecord>, episodes: CaptureKey[]): Iterable<CheckpointRecord> {
+  return {
+    *[Symbol.iterator]() {
+      episodes.length = 0;
+      for (const record of records) {
+        yield record;
+        episodes.push(captureKey(record.episode_id as EpisodeId));
+      }
+    },
+  };
 }

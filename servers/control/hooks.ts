@@ -23,7 +23,11 @@ export interface ExportRequest {
 }
 
 export interface ExportResult {
-  records: CheckpointRecord[];
+  /**
+   * Iterated by the write, once per attempt of it, in order: a kind may build each record only when
+   * the write takes it (`builtOnWrite`), so that it lives only until it is encoded.
+   */
+  records: Iterable<CheckpointRecord>;
   /** Kind-specific manifest fields (read back at restore). */
   manifestExtras?: Record<string, unknown>;
   /** Kind-specific commit reply fields (e.g. the model's `staging_keys`). */
@@ -77,4 +81,19 @@ export interface ParticipantHooks {
   forget?(rolloutIds: readonly string[]): void;
   /** Kind-specific status fields (e.g. `restored_pending`, `mode`, `verify`). */
   statusExtras?(): Record<string, unknown>;
+}
+
+/**
+ * The records of `items` (chosen at export), each built when the write takes it. Built all at once,
+ * the records of a server holding thousands of episodes outlived the young generation's collections
+ * while the write encoded them, and the old generation they filled was collected, whole, inside
+ * nearly every checkpoint (docs/performance.md). A kept episode does not change while admission is
+ * closed, so building it later builds the same record.
+ */
+export function builtOnWrite<T>(items: readonly T[], build: (item: T) => CheckpointRecord): Iterable<CheckpointRecord> {
+  return {
+    *[Symbol.iterator]() {
+      for (const item of items) yield build(item);
+    },
+  };
 }

@@ -6,7 +6,7 @@ import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, 
 import type { ControlPlane } from '../control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { JsonText } from '../../protocol/json-text.js';
-import type { ExportRequest, ExportResult, InstallRequest, ParticipantHooks, ReadinessReport } from '../control/hooks.js';
+import { builtOnWrite, type ExportRequest, type ExportResult, type InstallRequest, type ParticipantHooks, type ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
 import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
 import { EpisodeSteps, type BeginOptions } from './episode-steps.js';
@@ -114,22 +114,34 @@ export class EnvironmentParticipant implements ParticipantHooks {
 
   async export(req: ExportRequest): Promise<ExportResult> {
     const inScope = req.scope ? new Set(req.scope.map(captureKey)) : undefined;
-    const records: CheckpointRecord[] = [];
+    const exported: { key: CaptureKey; digest: string; boundary: unknown }[] = [];
     for (const [key, boundary] of this.steps.exported()) {
       if (req.carriedRestarts.has(key) || (inScope && !inScope.has(key))) continue;
       const digest = this.digests.get(key);
-      const episode = parseCaptureKey(key);
-      if (digest === undefined || !episode) continue;
-      // JSON form: the boundary's payloads as they would travel on the wire, written as that text.
-      records.push({ episode_id: episode, task_digest: digest, boundary: boundary === null ? null : new JsonText(JSON.stringify(boundary)) });
+      if (digest === undefined || !parseCaptureKey(key)) continue;
+      exported.push({ key, digest, boundary });
     }
+    const live = builtOnWrite(exported, ({ key, digest, boundary }) => ({
+      episode_id: parseCaptureKey(key)!,
+      task_digest: digest,
+      // JSON form: the boundary's payloads as they would travel on the wire, written as that text.
+      boundary: boundary === null ? null : new JsonText(JSON.stringify(boundary)),
+    }));
     // A replacement that has not begun still continues from its restored boundary: a checkpoint
     // taken before it runs carries the record forward under the replacement's key (§2.10).
+    const restored: CheckpointRecord[] = [];
     for (const [key, r] of this.restored) {
       if (inScope && !inScope.has(key)) continue;
-      records.push({ episode_id: r.episode, task_digest: r.task_digest, boundary: r.boundary });
+      restored.push({ episode_id: r.episode, task_digest: r.task_digest, boundary: r.boundary });
     }
-    return { records };
+    return {
+      records: {
+        *[Symbol.iterator]() {
+          yield* live;
+          yield* restored;
+        },
+      },
+    };
   }
 
   async deleteRestored(scope: readonly EpisodeId[]): Promise<void> {
