@@ -180,6 +180,9 @@ export function runActivities(placement: ActivityPlacement, heartbeatTimeoutS: n
     // this: thousands of parked rollouts heartbeat at once. It only notices a dead worker; a
     // deadline ends the `/run` through the retire, not through a heartbeat reply.
     heartbeatTimeout: `${heartbeatTimeoutS} seconds`,
-    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds', nonRetryableErrorTypes },
+    // No list of non-retryable types: `/run` marks each of its failures retryable or not itself
+    // (activities/rollouts.ts), and a list is copied into the state of every parked attempt's
+    // activity, in the worker's heap and in the server, thousands at once (docs/performance.md).
+    retry: { initialInterval: '1 second', backoffCoefficient: 2, maximumInterval: '30 seconds' },
   });
 }
