@@ -143,6 +143,21 @@ export function storageLocalActivities(): LocalActivities {
 }
 
 /**
+ * A checkpoint attempt's Gym calls (prepare, commit, resume) in the attempt's own worker: each as
+ * a regular activity cost a server round trip and a workflow task of its own while admission was
+ * closed; as local activities the attempt runs them back to back in one workflow task. Each is
+ * idempotent by checkpoint ID, so a worker that dies in the middle of one (noticed by the workflow
+ * task's timeout, as a local activity cannot heartbeat) has it run again from the retried task.
+ * Retried like the other control calls.
+ */
+export function checkpointGymLocalActivities(): LocalActivities {
+  return proxyLocalActivities<ActivityFunctions>({
+    startToCloseTimeout: '10 minutes',
+    retry: controlRetry,
+  });
+}
+
+/**
  * A checkpoint attempt's look at Gym (its restart check), in the workflow's own worker, within the
  * attempt's prepare budget: each server's status is waited for `prepareTimeoutS` (a refused
  * connection is tried again inside), and the look is not retried. A server that does not answer

@@ -19,8 +19,9 @@ import {
 } from '../protocol/controller.js';
 import { parseCaptureKey, type CaptureKey } from '../protocol/episode-id.js';
 import {
+  checkpointGymLocalActivities,
+  type LocalActivities,
   checkpointProbeLocalActivities,
-  controlActivities,
   shardSignalLocalActivities,
   storageActivities,
   storageLocalActivities,
@@ -58,11 +59,11 @@ export interface CheckpointAttemptInput {
 
 export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<CheckpointOutcome> {
   const placement = { taskQueue: input.controlTaskQueue, scheduleToStartTimeoutS: input.scheduleToStartTimeoutS };
-  const control = controlActivities(placement);
   const storage = storageActivities(placement);
-  // Allocation, the restart check and publication are short file or status reads: local
-  // activities in this worker, so neither a server round trip and workflow task each nor
-  // publication's input lands in the history while admission is closed.
+  // Everything while admission is closed runs as local activities in this worker (allocation, the
+  // restart check, Gym's prepare, commit and resume, publication): neither a server round trip and
+  // workflow task each nor publication's input lands in the history.
+  const control = checkpointGymLocalActivities();
   const files = storageLocalActivities();
   const discovery = checkpointProbeLocalActivities(input.prepareTimeoutS);
   const id = input.checkpointId;
@@ -262,7 +263,7 @@ function unsettledByShard(keys: readonly CaptureKey[], shards: number): Map<numb
 }
 
 /** Resume (release or abort) with the same ID; false when it failed (pending, retried later). */
-async function resumeGym(control: ReturnType<typeof controlActivities>, input: CheckpointAttemptInput, seconds: CheckpointStageSeconds): Promise<boolean> {
+async function resumeGym(control: LocalActivities, input: CheckpointAttemptInput, seconds: CheckpointStageSeconds): Promise<boolean> {
   const s = Date.now();
   try {
     await control.gymResume.executeWithOptions({ summary: `resume ${input.checkpointId}` }, [

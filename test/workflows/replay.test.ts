@@ -47,10 +47,13 @@ describe('replay of golden histories', () => {
   it('a history whose commands differ from the code is reported as nondeterminism (the check has teeth)', async () => {
     const workflows = await readHistories('clean-attempt');
     const checkpoint = workflows.find((w) => w.workflowType === 'checkpointAttempt')!;
-    // As if the code had scheduled another activity first than the one recorded.
-    const history = structuredClone(checkpoint.history) as { events: Array<{ activityTaskScheduledEventAttributes?: { activityType?: { name: string } } }> };
-    const scheduled = history.events.find((e) => e.activityTaskScheduledEventAttributes)!;
-    scheduled.activityTaskScheduledEventAttributes!.activityType = { name: 'notTheRecordedActivity' };
+    // As if the code had run another (local) activity first than the one recorded.
+    type Marker = { markerName?: string; details?: { data?: { payloads?: Array<{ data: string }> } } };
+    const history = structuredClone(checkpoint.history) as { events: Array<{ markerRecordedEventAttributes?: Marker }> };
+    const payload = history.events.find((e) => e.markerRecordedEventAttributes?.markerName === 'core_local_activity')!.markerRecordedEventAttributes!.details!
+      .data!.payloads![0]!;
+    const recorded = JSON.parse(Buffer.from(payload.data, 'base64').toString('utf8')) as { activity_type: string };
+    payload.data = Buffer.from(JSON.stringify({ ...recorded, activity_type: 'notTheRecordedActivity' })).toString('base64');
     const [result] = await replay([{ workflowId: checkpoint.workflowId, history }]);
     expect(result?.error).toBeInstanceOf(DeterminismViolationError);
   });

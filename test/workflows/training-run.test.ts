@@ -94,7 +94,7 @@ async function expectShardRequestsBeforePrepare(checkpointWorkflow: string, shar
   const events = await historyEvents(checkpointWorkflow);
   expect(events.filter((e) => e.signalExternalWorkflowExecutionInitiatedEventAttributes)).toEqual([]);
   const sends = events.filter((e) => localActivityType(e) === 'signalShards').map((e) => Number(e.eventId));
-  const prepareAt = Number(events.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'gymPrepare')!.eventId);
+  const prepareAt = Number(events.find((e) => localActivityType(e) === 'gymPrepare')!.eventId);
   expect(sends).toHaveLength(2); // the candidates requests, then the release
   expect(sends[0]).toBeLessThan(prepareAt);
   expect(sends[1]).toBeGreaterThan(prepareAt);
@@ -127,21 +127,23 @@ function stageAt(events: HistoryEvent[], name: string): number {
 }
 
 /**
- * Allocation, the restart check and publication ran in the attempt's worker: no activity task of
- * theirs, and the candidates requests went out in the attempt's first workflow task.
+ * Everything while admission was closed ran in the attempt's worker (allocation, the restart check,
+ * Gym's prepare, commit and resume, publication): no activity task of its own, the candidates
+ * requests went out in the attempt's first workflow task, and once the shards had answered,
+ * prepare, commit, publication and resume ran in one workflow task.
  */
 async function expectLocalFileStages(checkpointWorkflow: string): Promise<void> {
   const events = await historyEvents(checkpointWorkflow);
-  const scheduled = events.flatMap((e) => (e.activityTaskScheduledEventAttributes ? [e.activityTaskScheduledEventAttributes.activityType?.name] : []));
-  expect(scheduled.slice(0, 2)).toEqual(['gymPrepare', 'gymCommit']);
-  expect(scheduled).not.toContain('allocateSnapshot');
-  expect(scheduled).not.toContain('finalizeSnapshot');
-  expect(events.flatMap((e) => localActivityType(e) ?? [])).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'finalizeSnapshot']));
+  expect(events.filter((e) => e.activityTaskScheduledEventAttributes)).toEqual([]);
+  const local = events.flatMap((e) => localActivityType(e) ?? []);
+  expect(local).toEqual(expect.arrayContaining(['allocateSnapshot', 'discoverGym', 'gymPrepare', 'gymCommit', 'finalizeSnapshot', 'gymResume']));
   // Allocation and the restart check added no workflow task of their own: the candidates requests
   // went out in the attempt's first workflow task.
   const asked = stageAt(events, 'signalShards');
   expect(asked).toBeGreaterThan(0);
   expect(events.slice(0, asked).filter((e) => e.workflowTaskCompletedEventAttributes)).toHaveLength(1);
+  const between = events.slice(stageAt(events, 'gymPrepare'), stageAt(events, 'gymResume'));
+  expect(between.filter((e) => e.workflowTaskCompletedEventAttributes)).toEqual([]);
 }
 
 /** The attempt applied no retention; the run applied it after the attempt's result. */
