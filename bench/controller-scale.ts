@@ -166,6 +166,7 @@ async function checkpointOnce(
   // The window on the monotonic clock of a `--cpu-prof` profile (its timestamps, in µs).
   if (process.env.BENCH_SHARD_TIMING || process.env.BENCH_GYM_PROFILE)
     console.log(`  checkpoint window on the profile clock: ${askedUs} → ${process.hrtime.bigint() / 1000n} µs`);
+  if (process.env.BENCH_GYM_NODE_OPTIONS) console.log(`  checkpoint window, epoch ms: ${askedAt} → ${answeredAt}`);
   attemptIds.push(checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId));
   const attempt = await checkpointTiming(client, `scale-${rollouts}`, checkpointWorkflowId(`scale-${rollouts}`, outcome.checkpointId), askedAt, answeredAt);
   return {
@@ -356,7 +357,9 @@ async function runOnce(rollouts: number, checkpoints: number, withFloor: boolean
     taken.push(one);
     // As it is taken: a run that fails later (in its finish) still leaves these.
     console.log(
-      `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s, commit ${String(one.commit_s)} s; ` +
+      `  checkpoint ${k + 1}/${checkpoints}: ${String(one.outcome)}, admission closed ${String(one.admission_closed_s)} s ` +
+        `(candidates ${String(one.candidates_s)}, prepare ${String(one.prepare_s)}, commit ${String(one.commit_s)}, ledger cut ${String(one.ledger_cut_s)}, ` +
+        `publish ${String(one.publish_s)}, resume ${String(one.resume_s)}); ` +
         `CPU s over the checkpoint (${String(one.checkpoint_s)} s): Gym ${String(one.gym_cpu_s)}, dev server ${String(one.server_cpu_s)}, bench ${String(one.bench_cpu_s)}` +
         (rolloutWorker ? `, rollout worker ${String(one.rollout_worker_cpu_s)}` : ''),
     );
