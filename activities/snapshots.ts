@@ -269,6 +269,15 @@ export async function validateSnapshot(input: ValidateSnapshotInput): Promise<Sn
 }
 
 /** `validateSnapshot` of a manifest given or read by `manifestOf` (its schema already checked). */
+/** `fn` over every item, at most `n` at once; rejects with the first failure. */
+async function atMost<T>(n: number, items: readonly T[], fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    while (next < items.length) await fn(items[next++]!);
+  };
+  await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker));
+}
+
 async function checkSnapshot(
   dir: string,
   fingerprint: string | undefined,
@@ -291,7 +300,7 @@ async function checkSnapshot(
         throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${fingerprint}`);
       }
 
-      for (const part of manifest.ledger_parts) {
+      const checkLedgerPart = async (part: (typeof manifest.ledger_parts)[number]): Promise<void> => {
         let got: { sha256: string; bytes: number };
         try {
           got = await digestFile(path.join(dir, part.file));
@@ -302,7 +311,7 @@ async function checkSnapshot(
         if (got.bytes !== part.bytes || got.sha256 !== part.sha256) {
           throw bad(`${part.file} does not match the manifest (sha256 ${got.sha256}, ${got.bytes} bytes; manifest ${part.sha256}, ${part.bytes} bytes)`);
         }
-      }
+      };
 
       const entries = Object.entries(manifest.gym_checkpoint.participants);
       for (const [name, p] of entries) {
@@ -311,22 +320,20 @@ async function checkSnapshot(
         if (p.manifest.checkpoint_id !== manifest.checkpoint_id)
           throw bad(`participant ${name} committed checkpoint ${JSON.stringify(p.manifest.checkpoint_id)}, not ${manifest.checkpoint_id}`);
       }
-      // A few participants at a time: each streams its records file (digest and count, nothing kept).
-      let next = 0;
-      const worker = async (): Promise<void> => {
-        while (next < entries.length) {
-          const [name, p] = entries[next++]!;
-          let onDisk: Record<string, unknown>;
-          try {
-            ({ manifest: onDisk } = await readRecords({ checkpointDir: dir, kind: p.kind, instance: p.instance, scope: new Set(), countOnly: true }));
-          } catch (err) {
-            if (isProtocolError(err)) throw bad(`participant ${name}: ${err.detail}`);
-            throw err;
-          }
-          if (!jsonEqual(onDisk, p.manifest)) throw bad(`participant ${name}: manifest on disk differs from the recorded commit`);
+      // Each participant streams its records file (digest and count, nothing kept). The ledger parts
+      // and the records files are read side by side, a few of each at a time: one after the other,
+      // the opens and reads of a run's many parts added up while admission is closed.
+      const checkParticipant = async ([name, p]: (typeof entries)[number]): Promise<void> => {
+        let onDisk: Record<string, unknown>;
+        try {
+          ({ manifest: onDisk } = await readRecords({ checkpointDir: dir, kind: p.kind, instance: p.instance, scope: new Set(), countOnly: true }));
+        } catch (err) {
+          if (isProtocolError(err)) throw bad(`participant ${name}: ${err.detail}`);
+          throw err;
         }
+        if (!jsonEqual(onDisk, p.manifest)) throw bad(`participant ${name}: manifest on disk differs from the recorded commit`);
       };
-      await Promise.all(Array.from({ length: Math.min(PARTICIPANT_CONCURRENCY, entries.length) }, worker));
+      await Promise.all([atMost(PARTICIPANT_CONCURRENCY, manifest.ledger_parts, checkLedgerPart), atMost(PARTICIPANT_CONCURRENCY, entries, checkParticipant)]);
       return manifest;
     }),
   );
