@@ -2,7 +2,7 @@
 // file, the controller's worker process, and a client. Gym deployments are per schedule
 // (scripts/chaos/run-schedule.ts). Every crash here is a SIGKILL of a real process group.
 import { setTimeout as delay } from 'node:timers/promises';
-import { appendFileSync, mkdirSync } from 'node:fs';
+import { appendFileSync, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
@@ -49,6 +49,9 @@ export class ChaosWorld {
 
   static async start(opts: WorldOptions): Promise<ChaosWorld> {
     mkdirSync(opts.dir, { recursive: true });
+    // A fresh history per command: an earlier command's run of the same seed, left open when it
+    // was stopped, would refuse this one's start (the same workflow ID). Restarts keep it (below).
+    for (const suffix of ['', '-shm', '-wal']) rmSync(join(opts.dir, `temporal.sqlite${suffix}`), { force: true });
     const port = await freePort();
     const server = await startDevServer({ port, headless: true, dbFile: join(opts.dir, 'temporal.sqlite') });
     const connection = await Connection.connect({ address: server.address });
