@@ -89,6 +89,8 @@ async function main(): Promise<number> {
       console.log(line(r));
     }
   } finally {
+    // A schedule that threw (its run could not start…) left its Gym up: detached groups outlive us.
+    await Promise.all([...liveDeployments].map((d) => downDeployment(d, { graceMs: 1_000 }).catch(() => undefined)));
     await world.close();
   }
   console.log(summaryLine(results));
