@@ -2,8 +2,10 @@
 // `{episode_id, session_key, session, boundary, episode}`, built at export, checked and turned back
 // into sessions at restore.
 import { z } from 'zod';
-import { EpisodeIdSchema, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
-import { toPlainJson } from '../../protocol/lossless-json.js';
+import { refuse } from '../../protocol/errors.js';
+import { EpisodeIdSchema, captureKey, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
+import { JsonText } from '../../protocol/json-text.js';
+import { LosslessJsonError, stringifyLossless, toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { LoopStateSchema, pinBoundary, type BoundarySnapshot, type LoopState } from './loop-state.js';
 import { isPlainAgentRecord } from './record-shape.js';
@@ -23,10 +25,33 @@ export function sessionJson(s: AgentSession): Record<string, unknown> {
   };
 }
 
-/** `pinned`: the boundary the session was at when the export chose it (the record may be built later). */
+/**
+ * `pinned`: the boundary the session was at when the export chose it (the record may be built later).
+ * The boundary and the seed request, the bulk of a record, go in as JSON text made once each
+ * (`textOnce`): a session parked across several checkpoints is not serialized again while admission
+ * is closed.
+ */
 export function sessionRecord(s: AgentSession, pinned: BoundarySnapshot | null = s.boundary): CheckpointRecord {
-  const boundary = pinned ? pinned() : null;
-  return { episode_id: s.episode!, session_key: s.key, session: sessionJson(s), boundary, episode: null };
+  try {
+    const boundary = pinned ? textOnce(pinned, pinned) : null;
+    const session = { ...sessionJson(s), request: textOnce(s.request, () => s.request) };
+    return { episode_id: s.episode!, session_key: s.key, session, boundary, episode: null };
+  } catch (err) {
+    if (!(err instanceof LosslessJsonError)) throw err;
+    throw refuse('invalid_checkpoint_state', `the record of episode ${s.episode ? captureKey(s.episode) : s.key} cannot be serialized: ${err.message}`);
+  }
+}
+
+/** Text by the object it was made from. A pinned boundary and a seed request never change once made (a new one replaces them). */
+const texts = new WeakMap<object, JsonText>();
+
+function textOnce(key: object, value: () => unknown): JsonText {
+  let text = texts.get(key);
+  if (text === undefined) {
+    text = new JsonText(stringifyLossless(value()));
+    texts.set(key, text);
+  }
+  return text;
 }
 
 const SessionJsonSchema = z.looseObject({

@@ -6,6 +6,7 @@
 //
 // Knows nothing about HTTP or the control plane: the owner calls `close()`/`open()` from its
 // admission hooks and passes a `notify` that wakes a waiting prepare.
+import { JsonText } from '../../protocol/json-text.js';
 import type { PausableDeadline } from './pausable-deadline.js';
 
 export type StepMode = 'wait' | 'replay';
@@ -38,6 +39,8 @@ export interface BeginOptions {
 interface Episode {
   state: EpisodeState;
   boundary: BoundarySource | null;
+  /** The boundary's JSON text, made by the first checkpoint that exports it; dropped with the boundary. */
+  boundaryText: JsonText | null | undefined;
   continuation: Boundary | null;
   restart: boolean;
   /** Being retired: blocks whatever its state, must not continue past a boundary. */
@@ -117,6 +120,7 @@ export class EpisodeSteps {
       state: 'running',
       // Rule 8: a restored episode is at its restored boundary until it records a new one.
       boundary: continuation,
+      boundaryText: undefined,
       continuation,
       restart: opts.restart ?? false,
       retired: false,
@@ -182,6 +186,7 @@ export class EpisodeSteps {
     const e = this.get(key);
     if (e.retired) throw new EpisodeCancelled(key);
     e.boundary = boundary;
+    e.boundaryText = undefined;
     if (!this.isClosed || e.restart) {
       if (e.state !== 'running') this.update(e, () => (e.state = 'running'));
       return;
@@ -219,7 +224,10 @@ export class EpisodeSteps {
         if (mode === 'replay' && this.isClosed) {
           // Its failure may close sessions the boundary before the step needs, so the checkpoint
           // exports it with no boundary; one failing episode does not fail the checkpoint.
-          if (!completed) e.boundary = null;
+          if (!completed) {
+            e.boundary = null;
+            e.boundaryText = undefined;
+          }
         } else {
           this.update(e, () => (e.state = 'running'));
           e.deadline?.resume();
@@ -289,6 +297,25 @@ export class EpisodeSteps {
   exported(): Map<string, Boundary | null> {
     const out = new Map<string, Boundary | null>();
     for (const [k, e] of this.episodes) if (exportable(e)) out.set(k, evaluate(e.boundary));
+    return out;
+  }
+
+  /**
+   * Rule 7 as JSON text, for the commit's records. A recorded boundary never changes (a new one
+   * replaces it), so its text is made once, by the first checkpoint that exports it: an episode
+   * parked across several checkpoints (a long tool call, a long generation) is not serialized
+   * again while admission is closed.
+   */
+  exportedTexts(): Map<string, JsonText | null> {
+    const out = new Map<string, JsonText | null>();
+    for (const [k, e] of this.episodes) {
+      if (!exportable(e)) continue;
+      if (e.boundaryText === undefined) {
+        const b = evaluate(e.boundary);
+        e.boundaryText = b === null ? null : new JsonText(JSON.stringify(b));
+      }
+      out.set(k, e.boundaryText);
+    }
     return out;
   }
 

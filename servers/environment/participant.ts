@@ -5,7 +5,7 @@ import { refuse } from '../../protocol/errors.js';
 import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, type EpisodeId } from '../../protocol/ids.js';
 import type { ControlPlane } from '../control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
-import { JsonText } from '../../protocol/json-text.js';
+import type { JsonText } from '../../protocol/json-text.js';
 import { builtOnWrite, type ExportRequest, type ExportResult, type InstallRequest, type ParticipantHooks, type ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
 import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
@@ -114,8 +114,8 @@ export class EnvironmentParticipant implements ParticipantHooks {
 
   async export(req: ExportRequest): Promise<ExportResult> {
     const inScope = req.scope ? new Set(req.scope.map(captureKey)) : undefined;
-    const exported: { key: CaptureKey; digest: string; boundary: unknown }[] = [];
-    for (const [key, boundary] of this.steps.exported()) {
+    const exported: { key: CaptureKey; digest: string; boundary: JsonText | null }[] = [];
+    for (const [key, boundary] of this.steps.exportedTexts()) {
       if (req.carriedRestarts.has(key) || (inScope && !inScope.has(key))) continue;
       const digest = this.digests.get(key);
       if (digest === undefined || !parseCaptureKey(key)) continue;
@@ -125,7 +125,7 @@ export class EnvironmentParticipant implements ParticipantHooks {
       episode_id: parseCaptureKey(key)!,
       task_digest: digest,
       // JSON form: the boundary's payloads as they would travel on the wire, written as that text.
-      boundary: boundary === null ? null : new JsonText(JSON.stringify(boundary)),
+      boundary,
     }));
     // A replacement that has not begun still continues from its restored boundary: a checkpoint
     // taken before it runs carries the record forward under the replacement's key (§2.10).

@@ -261,6 +261,30 @@ describe('records', () => {
     expect(() => parseRecord({ ...rec, episode: { next: 'loop' } })).toThrow();
   });
 
+  it("serializes a pinned boundary and the seed request once, the session's counters each time", () => {
+    const request = {
+      agent_session_id: 'agent-session-2',
+      episode_id: { rollout_id: 'r2', attempt: 0 },
+      task_id: null,
+      tool_accesses: [],
+      sandbox_access: null,
+    };
+    const s = newSession({ key: 'agent-session-2', episode: { rollout_id: 'r2', attempt: 0 }, request, grant: null });
+    const st = freshLoopState(null);
+    s.boundary = pinBoundary(st);
+    const first = sessionRecord(s) as unknown as { boundary: unknown; session: { request: unknown; activations: number } };
+    s.activations = 2;
+    const second = sessionRecord(s) as unknown as typeof first;
+    expect(second.boundary).toBe(first.boundary);
+    expect(second.session.request).toBe(first.session.request);
+    expect(second.session.activations).toBe(2);
+    st.step = 1;
+    s.boundary = pinBoundary(st);
+    const third = JSON.parse(JSON.stringify(sessionRecord(s)));
+    expect(third.boundary.step).toBe(1);
+    expect(third.session.request).toEqual(request);
+  });
+
   it('fills option defaults', () => {
     expect(AgentOptionsSchema.parse({ model: 'm' })).toEqual({
       model: 'm',

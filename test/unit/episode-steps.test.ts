@@ -187,6 +187,27 @@ describe('rule 1: recording a boundary', () => {
     steps.open();
     await b;
   });
+
+  it("a recorded boundary's JSON text is made once, by the first export, and dropped with the boundary", async () => {
+    const { steps } = tracker();
+    const thunk = vi.fn(() => ({ next: 'close_agent', response: { id: 'resp' } }));
+    steps.begin('r');
+    steps.close();
+    const b = steps.boundary('r', thunk);
+    await flush();
+    const first = steps.exportedTexts().get('r');
+    expect(first?.text).toBe('{"next":"close_agent","response":{"id":"resp"}}');
+    expect(steps.exportedTexts().get('r')).toBe(first);
+    expect(thunk).toHaveBeenCalledTimes(1);
+    steps.open();
+    await b;
+    steps.close();
+    const next = steps.boundary('r', { next: 'verify' });
+    await flush();
+    expect(steps.exportedTexts().get('r')?.text).toBe('{"next":"verify"}');
+    steps.open();
+    await next;
+  });
 });
 
 describe('rule 2: a replay step that completes while a checkpoint is open', () => {

@@ -28,7 +28,10 @@ export class MemoryRecordsTarget implements RecordsTarget {
 
   async write(buffer: Buffer, offset: number, length: number, position: number): Promise<{ bytesWritten: number }> {
     if (position !== this.bytes) throw new Error(`records batch at ${position}, expected ${this.bytes}`);
-    this.chunks.push(Buffer.from(buffer.subarray(offset, offset + length)));
+    // Not Buffer.from(view): from a view of shared memory (the sink's batches) it copies element by element.
+    const copy = Buffer.allocUnsafeSlow(length);
+    buffer.copy(copy, 0, offset, offset + length);
+    this.chunks.push(copy);
     this.bytes += length;
     return { bytesWritten: length };
   }
