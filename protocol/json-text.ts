@@ -12,3 +12,20 @@ export class JsonText {
     return JSON.parse(this.text);
   }
 }
+
+/** Text by the object it was made from: for values that never change once made (a new one replaces them). */
+const texts = new WeakMap<object, JsonText>();
+
+/**
+ * `key`'s JSON text, made by `stringify` the first time and kept while `key` lives: a record parked
+ * across several checkpoints (a long tool call, a long generation) is not serialized again while
+ * admission is closed. Only for values that are never mutated once made.
+ */
+export function jsonTextOnce(key: object, stringify: () => string): JsonText {
+  let text = texts.get(key);
+  if (text === undefined) {
+    text = new JsonText(stringify());
+    texts.set(key, text);
+  }
+  return text;
+}

@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
 import { EpisodeIdSchema, captureKey, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
-import { JsonText } from '../../protocol/json-text.js';
+import { jsonTextOnce } from '../../protocol/json-text.js';
 import { LosslessJsonError, stringifyLossless, toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { LoopStateSchema, pinBoundary, type BoundarySnapshot, type LoopState } from './loop-state.js';
@@ -28,30 +28,19 @@ export function sessionJson(s: AgentSession): Record<string, unknown> {
 /**
  * `pinned`: the boundary the session was at when the export chose it (the record may be built later).
  * The boundary and the seed request, the bulk of a record, go in as JSON text made once each
- * (`textOnce`): a session parked across several checkpoints is not serialized again while admission
+ * (`jsonTextOnce`; a pinned boundary and a seed request are never mutated, a new one replaces
+ * them): a session parked across several checkpoints is not serialized again while admission
  * is closed.
  */
 export function sessionRecord(s: AgentSession, pinned: BoundarySnapshot | null = s.boundary): CheckpointRecord {
   try {
-    const boundary = pinned ? textOnce(pinned, pinned) : null;
-    const session = { ...sessionJson(s), request: textOnce(s.request, () => s.request) };
+    const boundary = pinned ? jsonTextOnce(pinned, () => stringifyLossless(pinned())) : null;
+    const session = { ...sessionJson(s), request: jsonTextOnce(s.request, () => stringifyLossless(s.request)) };
     return { episode_id: s.episode!, session_key: s.key, session, boundary, episode: null };
   } catch (err) {
     if (!(err instanceof LosslessJsonError)) throw err;
     throw refuse('invalid_checkpoint_state', `the record of episode ${s.episode ? captureKey(s.episode) : s.key} cannot be serialized: ${err.message}`);
   }
-}
-
-/** Text by the object it was made from. A pinned boundary and a seed request never change once made (a new one replaces them). */
-const texts = new WeakMap<object, JsonText>();
-
-function textOnce(key: object, value: () => unknown): JsonText {
-  let text = texts.get(key);
-  if (text === undefined) {
-    text = new JsonText(stringifyLossless(value()));
-    texts.set(key, text);
-  }
-  return text;
 }
 
 const SessionJsonSchema = z.looseObject({

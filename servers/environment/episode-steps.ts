@@ -6,7 +6,7 @@
 //
 // Knows nothing about HTTP or the control plane: the owner calls `close()`/`open()` from its
 // admission hooks and passes a `notify` that wakes a waiting prepare.
-import { JsonText } from '../../protocol/json-text.js';
+import { type JsonText, jsonTextOnce } from '../../protocol/json-text.js';
 import type { PausableDeadline } from './pausable-deadline.js';
 
 export type StepMode = 'wait' | 'replay';
@@ -39,8 +39,6 @@ export interface BeginOptions {
 interface Episode {
   state: EpisodeState;
   boundary: BoundarySource | null;
-  /** The boundary's JSON text, made by the first checkpoint that exports it; dropped with the boundary. */
-  boundaryText: JsonText | null | undefined;
   continuation: Boundary | null;
   restart: boolean;
   /** Being retired: blocks whatever its state, must not continue past a boundary. */
@@ -120,7 +118,6 @@ export class EpisodeSteps {
       state: 'running',
       // Rule 8: a restored episode is at its restored boundary until it records a new one.
       boundary: continuation,
-      boundaryText: undefined,
       continuation,
       restart: opts.restart ?? false,
       retired: false,
@@ -186,7 +183,6 @@ export class EpisodeSteps {
     const e = this.get(key);
     if (e.retired) throw new EpisodeCancelled(key);
     e.boundary = boundary;
-    e.boundaryText = undefined;
     if (!this.isClosed || e.restart) {
       if (e.state !== 'running') this.update(e, () => (e.state = 'running'));
       return;
@@ -224,10 +220,7 @@ export class EpisodeSteps {
         if (mode === 'replay' && this.isClosed) {
           // Its failure may close sessions the boundary before the step needs, so the checkpoint
           // exports it with no boundary; one failing episode does not fail the checkpoint.
-          if (!completed) {
-            e.boundary = null;
-            e.boundaryText = undefined;
-          }
+          if (!completed) e.boundary = null;
         } else {
           this.update(e, () => (e.state = 'running'));
           e.deadline?.resume();
@@ -310,11 +303,8 @@ export class EpisodeSteps {
     const out = new Map<string, JsonText | null>();
     for (const [k, e] of this.episodes) {
       if (!exportable(e)) continue;
-      if (e.boundaryText === undefined) {
-        const b = evaluate(e.boundary);
-        e.boundaryText = b === null ? null : new JsonText(JSON.stringify(b));
-      }
-      out.set(k, e.boundaryText);
+      const source = e.boundary;
+      out.set(k, source === null ? null : jsonTextOnce(source, () => JSON.stringify(evaluate(source))));
     }
     return out;
   }
