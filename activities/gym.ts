@@ -20,8 +20,8 @@ import {
 } from '../protocol/controller.js';
 import { captureKey, parseCaptureKey, type CaptureKey, type EpisodeId } from '../protocol/ids.js';
 import { EndpointsSchema, type Endpoints } from '../servers/common/deployment.js';
-import { writeFileAtomically } from '../servers/common/durable-files.js';
 import { readCandidates, readScopeParts, writeRestored } from './controller-files.js';
+import { writeGymCommitFile } from './gym-commit-file.js';
 import { readJsonFile } from './json-file.js';
 import {
   activityContext,
@@ -383,7 +383,7 @@ export function createGymActivities(deps: GymActivityDeps) {
       // while Gym waits: the publication fsyncs the whole directory before its rename.
       const file: GymCommitFile = { checkpoint_id: input.checkpointId, scope: [...scopeKeys], participants: committed };
       try {
-        await writeFileAtomically(path.join(input.checkpointDir, GYM_COMMIT_FILE), JSON.stringify(file));
+        await writeGymCommitFile(input.checkpointDir, file);
       } catch (err) {
         throw storageFailure(`writing ${GYM_COMMIT_FILE} into ${input.checkpointDir}`, err);
       }

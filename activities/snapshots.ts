@@ -29,6 +29,7 @@ import { heartbeating, invariantFailure, storageFailure } from './activity-conte
 import { sortKeysDeep } from '../protocol/canonical-json.js';
 import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
 import { readLedgerParts } from './controller-files.js';
+import { takeGymCommitFile } from './gym-commit-file.js';
 import { readJsonFile } from './json-file.js';
 import { TRAINER_FILE } from './trainer.js';
 
@@ -383,12 +384,6 @@ export interface FinalizeSnapshotInput {
   fingerprint: string;
 }
 
-const GymCommitFileSchema = z.object({
-  checkpoint_id: z.string(),
-  scope: z.array(z.string()),
-  participants: z.record(z.string(), z.object({ kind: z.string(), instance: z.string(), episode_ids: z.array(z.string()) })),
-});
-
 /**
  * A workflow's slim manifest completed from the commit file the Gym commit wrote into the same
  * directory: the scope and each participant's episode IDs. A manifest that carries them already
@@ -398,11 +393,8 @@ async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Pro
   const g = slim.gym_checkpoint;
   if (g.scope !== undefined && Object.values(g.participants).every((p) => 'episode_ids' in p)) return slim as SnapshotManifest;
   const file = path.join(tmpDir, GYM_COMMIT_FILE);
-  const read = await readJsonFile(file, GymCommitFileSchema, (what) => invariantFailure(`${tmpDir}: ${what}`));
-  if (!read) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
-  const commit = read.data;
-  if (commit.checkpoint_id !== slim.checkpoint_id)
-    throw invariantFailure(`${file} is of checkpoint ${JSON.stringify(commit.checkpoint_id)}, not ${slim.checkpoint_id}`);
+  const commit = await takeGymCommitFile(tmpDir, slim.checkpoint_id, (what) => invariantFailure(`${tmpDir}: ${what}`));
+  if (!commit) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
   const names = Object.keys(g.participants).sort();
   if (JSON.stringify(names) !== JSON.stringify(Object.keys(commit.participants).sort())) {
     throw invariantFailure(`${file} names participants ${Object.keys(commit.participants).sort().join(',')}, the commit ${names.join(',')}`);
