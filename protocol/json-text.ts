@@ -3,9 +3,26 @@
 // form (the environment's boundaries) stringified it, parsed that back and had the records writer
 // encode the copy: three passes and a garbage object tree per record at every commit.
 
+const utf8 = new TextEncoder();
+const fromUtf8 = new TextDecoder();
+
 export class JsonText {
+  /**
+   * The text as UTF-8, encoded once: a commit copies these bytes into its batch instead of
+   * encoding the text again, and they live outside the JS heap, which a collection does not walk.
+   * A buffer of their own, never a slice of Node's shared pool (a kept slice keeps its whole slab).
+   */
+  readonly bytes: Uint8Array;
+
   /** `text` must be one JSON value, as `JSON.stringify` returns it. */
-  constructor(readonly text: string) {}
+  constructor(text: string) {
+    this.bytes = utf8.encode(text);
+  }
+
+  /** The text (decoded again: for the rare caller that needs it as a string). */
+  get text(): string {
+    return fromUtf8.decode(this.bytes);
+  }
 
   /** For callers that hand a record to plain `JSON.stringify`: the value itself. */
   toJSON(): unknown {
@@ -28,4 +45,9 @@ export function jsonTextOnce(key: object, stringify: () => string): JsonText {
     texts.set(key, text);
   }
   return text;
+}
+
+/** Whether `key`'s text was made already (`jsonTextOnce`). */
+export function hasJsonText(key: object): boolean {
+  return texts.has(key);
 }

@@ -687,6 +687,18 @@ export class JsonLineEncoder {
     }
   }
 
+  /** UTF-8 bytes that are already a JSON fragment, any length. */
+  private utf8(b: Uint8Array): void {
+    if (b.length <= this.end - this.start) {
+      this.room(b.length);
+      this.mem.set(b, this.out);
+      this.out += b.length;
+    } else {
+      this.flush();
+      this.sink(Buffer.from(b.buffer, b.byteOffset, b.length));
+    }
+  }
+
   private string(s: string): void {
     const n = s.length;
     if (n <= 32) {
@@ -754,7 +766,7 @@ export class JsonLineEncoder {
 
   private object(v: object): void {
     if (v instanceof LosslessNumber) return this.ascii(v.raw);
-    if (v instanceof JsonText) return this.text(v.text);
+    if (v instanceof JsonText) return this.utf8(v.bytes);
     const ancestors = this.ancestors;
     if (ancestors.includes(v)) throw new LosslessJsonError('circular reference');
     ancestors.push(v);

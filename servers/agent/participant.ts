@@ -2,10 +2,12 @@
 // asks of kind `agent` when `checkpoint_sessions_supported` is true.
 import { refuse } from '../../protocol/errors.js';
 import { captureKey, sortedKeys, type CaptureKey } from '../../protocol/ids.js';
+import { hasJsonText } from '../../protocol/json-text.js';
+import { SteadyObjects } from '../control/ahead.js';
 import { builtOnWrite, type ParticipantHooks } from '../control/hooks.js';
 import type { AgentCore } from './core.js';
 import type { BoundarySnapshot } from './loop-state.js';
-import { parseRecord, restoredSession, sessionRecord } from './records.js';
+import { parseRecord, recordTexts, restoredSession, sessionRecord } from './records.js';
 import { retireEpisodes } from './retire.js';
 import { sessionCaptureKey, type AgentSession } from './sessions.js';
 
@@ -23,6 +25,7 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
       throw refuse('checkpoint_error', `agent '${core.name}' holds ${live} live sessions and ${core.inflight.size} calls; restore needs a fresh process`);
     }
   };
+  const steady = new SteadyObjects();
   return {
     kind: 'agent',
     closeAdmission() {
@@ -58,6 +61,21 @@ export function fullParticipantHooks(core: AgentCore): ParticipantHooks {
         exported.push([s, s.boundary]);
       }
       return { records: builtOnWrite(exported, ([s, boundary]) => sessionRecord(s, boundary)) };
+    },
+    *stageAhead() {
+      // A session at a boundary (a model call in flight) or waiting at a restored one: its record's
+      // texts, exactly as the export makes them. A running session is about to record another.
+      for (const s of core.sessions.values()) {
+        const pinned = s.boundary;
+        if (pinned === null || s.state === 'running' || s.retiring || s.closing || sessionCaptureKey(s) === undefined) continue;
+        if (hasJsonText(pinned) || !steady.steady(pinned)) continue;
+        try {
+          recordTexts(s, pinned);
+        } catch {
+          // The export fails on the same record and says why.
+        }
+        yield;
+      }
     },
     async deleteRestored(scope) {
       const keep = new Set(scope.map(captureKey));

@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import { refuse } from '../../protocol/errors.js';
 import { EpisodeIdSchema, captureKey, nextAttempt, type EpisodeId } from '../../protocol/ids.js';
-import { jsonTextOnce } from '../../protocol/json-text.js';
+import { type JsonText, jsonTextOnce } from '../../protocol/json-text.js';
 import { LosslessJsonError, stringifyLossless, toPlainJson } from '../../protocol/lossless-json.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import { LoopStateSchema, pinBoundary, type BoundarySnapshot, type LoopState } from './loop-state.js';
@@ -34,13 +34,24 @@ export function sessionJson(s: AgentSession): Record<string, unknown> {
  */
 export function sessionRecord(s: AgentSession, pinned: BoundarySnapshot | null = s.boundary): CheckpointRecord {
   try {
-    const boundary = pinned ? jsonTextOnce(pinned, () => stringifyLossless(pinned())) : null;
-    const session = { ...sessionJson(s), request: jsonTextOnce(s.request, () => stringifyLossless(s.request)) };
-    return { episode_id: s.episode!, session_key: s.key, session, boundary, episode: null };
+    const texts = recordTexts(s, pinned);
+    const session = { ...sessionJson(s), request: texts.request };
+    return { episode_id: s.episode!, session_key: s.key, session, boundary: texts.boundary, episode: null };
   } catch (err) {
     if (!(err instanceof LosslessJsonError)) throw err;
     throw refuse('invalid_checkpoint_state', `the record of episode ${s.episode ? captureKey(s.episode) : s.key} cannot be serialized: ${err.message}`);
   }
+}
+
+/**
+ * The bulk of a session's record: its pinned boundary and its seed request as JSON text, each made
+ * once (the export's, or made ahead of it by `stageAhead`). Throws `LosslessJsonError`.
+ */
+export function recordTexts(s: AgentSession, pinned: BoundarySnapshot | null): { boundary: JsonText | null; request: JsonText } {
+  return {
+    boundary: pinned ? jsonTextOnce(pinned, () => stringifyLossless(pinned())) : null,
+    request: jsonTextOnce(s.request, () => stringifyLossless(s.request)),
+  };
 }
 
 const SessionJsonSchema = z.looseObject({

@@ -26,6 +26,7 @@ import {
   type StatusReply,
 } from '../../protocol/control.js';
 import type { CheckpointRecord, Manifest } from '../../protocol/manifest.js';
+import { AheadStaging } from './ahead.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
 import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from '../common/async.js';
@@ -123,6 +124,7 @@ export class ControlPlane {
   private readonly metrics: ControlMetrics | undefined;
   /** When admission was closed (performance.now()), until it reopens. */
   private closedAt: number | undefined;
+  private readonly ahead: AheadStaging | undefined;
 
   constructor(opts: ControlPlaneOptions) {
     this.instance = opts.instance;
@@ -134,6 +136,13 @@ export class ControlPlane {
     this.log = opts.log ?? (() => undefined);
     if (!(this.leaseGraceSeconds > 0)) throw new Error('lease_grace_seconds must be > 0');
     this.metrics = opts.metrics?.control(this);
+    const stage = opts.hooks.stageAhead?.bind(opts.hooks);
+    this.ahead = stage && new AheadStaging({ stage, idle: () => this.admissionOpen(), log: this.log });
+  }
+
+  /** No checkpoint open, admission open, the plane running: the kind may stage records ahead. */
+  private admissionOpen(): boolean {
+    return !this.closed && this.phase === 'idle' && this.closedAt === undefined;
   }
 
   // --- data-plane helpers for the participant kind -------------------------------------
@@ -172,6 +181,7 @@ export class ControlPlane {
   close(): void {
     this.closed = true;
     clearTimeout(this.leaseTimer);
+    this.ahead?.stop();
   }
 
   // --- status -----------------------------------------------------------------------------

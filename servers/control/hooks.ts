@@ -81,6 +81,13 @@ export interface ParticipantHooks {
   forget?(rolloutIds: readonly string[]): void;
   /** Kind-specific status fields (e.g. `restored_pending`, `mode`, `verify`). */
   statusExtras?(): Record<string, unknown>;
+  /**
+   * Work of a future export done ahead (ahead.ts): the text of each record whose boundary has not
+   * moved since the previous call, one record per step. The plane iterates it in short slices
+   * while no checkpoint is open and drops it when one opens; what it made must be exactly what
+   * the export would make.
+   */
+  stageAhead?(): Iterable<unknown>;
 }
 
 /**

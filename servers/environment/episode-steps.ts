@@ -6,7 +6,8 @@
 //
 // Knows nothing about HTTP or the control plane: the owner calls `close()`/`open()` from its
 // admission hooks and passes a `notify` that wakes a waiting prepare.
-import { type JsonText, jsonTextOnce } from '../../protocol/json-text.js';
+import { type JsonText, hasJsonText, jsonTextOnce } from '../../protocol/json-text.js';
+import type { SteadyObjects } from '../control/ahead.js';
 import type { PausableDeadline } from './pausable-deadline.js';
 
 export type StepMode = 'wait' | 'replay';
@@ -303,10 +304,27 @@ export class EpisodeSteps {
     const out = new Map<string, JsonText | null>();
     for (const [k, e] of this.episodes) {
       if (!exportable(e)) continue;
-      const source = e.boundary;
-      out.set(k, source === null ? null : jsonTextOnce(source, () => JSON.stringify(evaluate(source))));
+      out.set(k, e.boundary === null ? null : boundaryText(e.boundary));
     }
     return out;
+  }
+
+  /**
+   * The texts `exportedTexts` would make, made ahead while no checkpoint is open (the plane's
+   * `stageAhead`): for each exportable episode whose boundary has stood since an earlier scan
+   * (`steady`), one episode per step.
+   */
+  *stageTexts(steady: SteadyObjects): Generator<void> {
+    for (const e of this.episodes.values()) {
+      const source = e.boundary;
+      if (source === null || !exportable(e) || hasJsonText(source) || !steady.steady(source)) continue;
+      try {
+        boundaryText(source);
+      } catch {
+        // The export fails on the same boundary and says why.
+      }
+      yield;
+    }
   }
 
   // --- retire -----------------------------------------------------------------------------
@@ -382,6 +400,11 @@ function wakeAll(e: Episode): void {
 
 function evaluate(b: BoundarySource | null): Boundary | null {
   return typeof b === 'function' ? b() : b;
+}
+
+/** A recorded boundary's JSON text, made once (a new boundary replaces it, never changes it). */
+function boundaryText(source: BoundarySource): JsonText {
+  return jsonTextOnce(source, () => JSON.stringify(evaluate(source)));
 }
 
 /** Waits for `p` to settle (its outcome is the owner's business); rejects only when `signal` aborts. */

@@ -6,6 +6,7 @@ import { captureKey, nextAttempt, parseCaptureKey, sortedKeys, type CaptureKey, 
 import type { ControlPlane } from '../control/control-plane.js';
 import type { CheckpointRecord } from '../../protocol/manifest.js';
 import type { JsonText } from '../../protocol/json-text.js';
+import { SteadyObjects } from '../control/ahead.js';
 import { builtOnWrite, type ExportRequest, type ExportResult, type InstallRequest, type ParticipantHooks, type ReadinessReport } from '../control/hooks.js';
 import type { AttemptReplies } from './attempt-replies.js';
 import { EpisodeRecordSchema, toPlainJson, type EpisodeRecord, type StageBoundary } from './boundaries.js';
@@ -37,6 +38,8 @@ export class EnvironmentParticipant implements ParticipantHooks {
   private restoreHold = false;
 
   private readonly parsedRecords = new WeakMap<CheckpointRecord, EpisodeRecord>();
+  /** Boundaries seen by an earlier `stageAhead` scan. */
+  private readonly steady = new SteadyObjects();
 
   constructor(private readonly opts: EnvironmentParticipantOptions) {
     this.steps = new EpisodeSteps(() => this.plane?.notify());
@@ -142,6 +145,10 @@ export class EnvironmentParticipant implements ParticipantHooks {
         },
       },
     };
+  }
+
+  stageAhead(): Iterable<void> {
+    return this.steps.stageTexts(this.steady);
   }
 
   async deleteRestored(scope: readonly EpisodeId[]): Promise<void> {

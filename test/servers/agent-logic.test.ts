@@ -6,7 +6,8 @@ import { decideActivation, invocationId, parseActivationIndex } from '../../serv
 import { fromChatCompletion, toChatMessages, toChatTools, type ModelTurn } from '../../servers/agent/chat-format.js';
 import { freshLoopState, pendingCalls, pinBoundary } from '../../servers/agent/loop-state.js';
 import { callTool, chatBody, toolBaseUrl } from '../../servers/agent/peers.js';
-import { parseRecord, restoredSession, sessionRecord } from '../../servers/agent/records.js';
+import { parseRecord, recordTexts, restoredSession, sessionRecord } from '../../servers/agent/records.js';
+import { hasJsonText } from '../../protocol/json-text.js';
 import { newSession } from '../../servers/agent/sessions.js';
 import { runTurnLoop } from '../../servers/agent/turn-loop.js';
 import { AgentOptionsSchema } from '../../servers/agent/options.js';
@@ -363,5 +364,37 @@ describe('parking and restored sessions (participant hooks)', () => {
     expect([...c.sessions.values()].map((s) => s.key)).toEqual(['agent-session-a']);
     // Nothing live: a restore may still replace the unclaimed ones.
     expect(() => hooks.assertRestorable()).not.toThrow();
+  });
+
+  it("stages a waiting session's texts once its boundary stood across two scans; the export takes them", async () => {
+    const c = core();
+    const hooks = fullParticipantHooks(c);
+    const record = {
+      episode_id: { rollout_id: 'w', attempt: 0 },
+      session_key: 'agent-session-w',
+      session: {
+        request: { agent_session_id: 'agent-session-w', episode_id: { rollout_id: 'w', attempt: 0 }, task_id: null, tool_accesses: [], sandbox_access: null },
+        resources_cookies: null,
+        observations: null,
+        activations: 1,
+        completed_activation: 0,
+        completed_reply: null,
+      },
+      boundary: freshLoopState(null),
+      episode: null,
+    };
+    await hooks.install({ records: [record], scope: [], manifest: {} as never });
+    const [s] = [...c.sessions.values()];
+    expect(s!.boundary).not.toBeNull();
+    expect([...hooks.stageAhead!()]).toHaveLength(0); // first sighting
+    expect(hasJsonText(s!.boundary!)).toBe(false);
+    expect([...hooks.stageAhead!()]).toHaveLength(1);
+    expect(hasJsonText(s!.boundary!) && hasJsonText(s!.request)).toBe(true);
+    expect([...hooks.stageAhead!()]).toHaveLength(0); // made already
+    const staged = recordTexts(s!, s!.boundary);
+    const { records } = await hooks.export({ checkpointId: 'c', scope: null, carriedRestarts: new Set(), signal: new AbortController().signal });
+    const [exported] = [...records] as unknown as { boundary: unknown; session: { request: unknown } }[];
+    expect(exported!.boundary).toBe(staged.boundary);
+    expect(exported!.session.request).toBe(staged.request);
   });
 });

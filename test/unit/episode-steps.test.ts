@@ -1,6 +1,7 @@
 // The shared step model (participants.md §1.6): states, boundaries, wait/replay steps, parking,
 // restarts, retire, and the pausable episode deadline — one test group per rule, no HTTP.
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { SteadyObjects } from '../../servers/control/ahead.js';
 import { EpisodeCancelled, EpisodeSteps } from '../../servers/environment/episode-steps.js';
 import { PausableDeadline } from '../../servers/environment/pausable-deadline.js';
 
@@ -207,6 +208,29 @@ describe('rule 1: recording a boundary', () => {
     expect(steps.exportedTexts().get('r')?.text).toBe('{"next":"verify"}');
     steps.open();
     await next;
+  });
+
+  it('stages the text of a boundary that stood across two scans, the one the export then takes', async () => {
+    const { steps } = tracker();
+    const steady = new SteadyObjects();
+    const thunk = vi.fn(() => ({ next: 'invoke_agent', turn: 3 }));
+    steps.begin('r');
+    steps.begin('moving');
+    await steps.boundary('r', thunk);
+    await steps.boundary('moving', { next: 'seed' });
+    const agentCall = deferred<string>();
+    const call = steps.step('r', 'replay', () => agentCall.promise); // parked on a call: exportable
+    expect([...steps.stageTexts(steady)]).toHaveLength(0); // first sighting
+    expect(thunk).not.toHaveBeenCalled();
+    expect([...steps.stageTexts(steady)]).toHaveLength(1); // stood for a scan; 'moving' is running
+    expect(thunk).toHaveBeenCalledTimes(1);
+    expect([...steps.stageTexts(steady)]).toHaveLength(0); // made already
+    steps.close();
+    expect(steps.exportedTexts().get('r')?.text).toBe('{"next":"invoke_agent","turn":3}');
+    expect(thunk).toHaveBeenCalledTimes(1);
+    steps.open();
+    agentCall.resolve('done');
+    await call;
   });
 });
 
