@@ -15,7 +15,7 @@ import { z } from 'zod';
 import {
   FAILURE_TYPES,
   GYM_COMMIT_FILE,
-  commitSummaries,
+  type FileDigest,
   type SnapshotLocation,
   type SnapshotManifest,
   type SnapshotManifestSlim,
@@ -36,7 +36,8 @@ import { TRAINER_FILE } from './trainer.js';
 export const SNAPSHOTS_DIR = 'rollout_snapshots';
 export const SNAPSHOT_MANIFEST_FILE = 'manifest.json';
 export const SNAPSHOT_FORMAT = 'rollout-checkpoint/ts';
-export const SNAPSHOT_SCHEMA_VERSION = 1;
+/** 2: the episode lists stay in the commit file, which the manifest names with its digest. */
+export const SNAPSHOT_SCHEMA_VERSION = 2;
 
 const SNAPSHOT_NAME = /^snapshot_(\d{6,})$/;
 const TMP_NAME = /^tmp_snapshot_(\d{6,})$/;
@@ -74,7 +75,6 @@ export const SnapshotManifestSchema = z.strictObject({
   dataloader_cursor: Count,
   gym_topology_fingerprint: Sha256Hex,
   gym_checkpoint: z.strictObject({
-    scope: captureKeyList(),
     restarts: captureKeyList(),
     participants: z.record(
       z.string(),
@@ -82,9 +82,10 @@ export const SnapshotManifestSchema = z.strictObject({
         kind: z.string(),
         instance: z.string(),
         manifest: ManifestSchema,
-        episode_ids: captureKeyList(),
+        episode_count: Count,
       }),
     ),
+    commit_file: z.strictObject({ file: z.literal(GYM_COMMIT_FILE), sha256: Sha256Hex, bytes: Count }),
   }),
   ledger_parts: z.array(z.strictObject({ file: z.string().regex(/^controller\/ledger-\d+\.json$/), sha256: Sha256Hex, bytes: Count })),
   created_at: z.string().min(1),
@@ -301,7 +302,7 @@ async function checkSnapshot(
         throw bad(`Gym topology fingerprint ${manifest.gym_topology_fingerprint} differs from the current topology's ${fingerprint}`);
       }
 
-      const checkLedgerPart = async (part: (typeof manifest.ledger_parts)[number]): Promise<void> => {
+      const checkFile = async (part: FileDigest): Promise<void> => {
         let got: { sha256: string; bytes: number };
         try {
           got = await digestFile(path.join(dir, part.file));
@@ -334,7 +335,8 @@ async function checkSnapshot(
         }
         if (!jsonEqual(onDisk, p.manifest)) throw bad(`participant ${name}: manifest on disk differs from the recorded commit`);
       };
-      await Promise.all([atMost(PARTICIPANT_CONCURRENCY, manifest.ledger_parts, checkLedgerPart), atMost(PARTICIPANT_CONCURRENCY, entries, checkParticipant)]);
+      const files = [...manifest.ledger_parts, manifest.gym_checkpoint.commit_file];
+      await Promise.all([atMost(PARTICIPANT_CONCURRENCY, files, checkFile), atMost(PARTICIPANT_CONCURRENCY, entries, checkParticipant)]);
       return manifest;
     }),
   );
@@ -378,7 +380,7 @@ export async function publishSnapshot(input: PublishSnapshotInput): Promise<stri
 
 export interface FinalizeSnapshotInput {
   location: SnapshotLocation;
-  /** Its scope and episode lists may be left to the snapshot's commit file (`GYM_COMMIT_FILE`). */
+  /** Completed with the digest of the snapshot's commit file (`GYM_COMMIT_FILE`). */
   manifest: SnapshotManifestSlim;
   /** The topology fingerprint the snapshot must carry. */
   fingerprint: string;
@@ -386,15 +388,15 @@ export interface FinalizeSnapshotInput {
 
 /**
  * A workflow's slim manifest completed from the commit file the Gym commit wrote into the same
- * directory: the scope and each participant's episode IDs. A manifest that carries them already
- * (an attempt whose commit predates the file) is taken as it is.
+ * directory: the file must name the same participants with as many episodes each, and the
+ * manifest names it with its digest (validation checks the digest like a ledger part's).
  */
 async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Promise<SnapshotManifest> {
   const g = slim.gym_checkpoint;
-  if (g.scope !== undefined && Object.values(g.participants).every((p) => 'episode_ids' in p)) return slim as SnapshotManifest;
   const file = path.join(tmpDir, GYM_COMMIT_FILE);
-  const commit = await takeGymCommitFile(tmpDir, slim.checkpoint_id, (what) => invariantFailure(`${tmpDir}: ${what}`));
-  if (!commit) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
+  const taken = await takeGymCommitFile(tmpDir, slim.checkpoint_id, (what) => invariantFailure(`${tmpDir}: ${what}`));
+  if (!taken) throw invariantFailure(`${tmpDir} has no ${GYM_COMMIT_FILE} (the Gym commit writes it)`);
+  const commit = taken.lists;
   const names = Object.keys(g.participants).sort();
   if (JSON.stringify(names) !== JSON.stringify(Object.keys(commit.participants).sort())) {
     throw invariantFailure(`${file} names participants ${Object.keys(commit.participants).sort().join(',')}, the commit ${names.join(',')}`);
@@ -409,9 +411,9 @@ async function completeManifest(tmpDir: string, slim: SnapshotManifestSlim): Pro
         `${file}: participant ${name} is ${f.kind}/${f.instance} with ${f.episode_ids.length} episodes, the commit ${p.kind}/${p.instance} with ${count}`,
       );
     }
-    participants[name] = { kind: p.kind, instance: p.instance, manifest: p.manifest, episode_ids: f.episode_ids };
+    participants[name] = { kind: p.kind, instance: p.instance, manifest: p.manifest, episode_count: count };
   }
-  return { ...slim, gym_checkpoint: { scope: g.scope ?? commit.scope, restarts: g.restarts, participants } };
+  return { ...slim, gym_checkpoint: { restarts: g.restarts, participants, commit_file: taken.digest } };
 }
 
 /**
@@ -527,18 +529,12 @@ export interface LatestSnapshot {
   dir: string;
   anchor: string;
   /**
-   * Without the scope and the participants' episode IDs (they stay on disk): thousands of keys.
-   * The ledger stays on disk too: each rollout shard loads its slice (loadLedgerSlice).
+   * The scope and the participants' episode IDs stay on disk (the commit file), as does the
+   * ledger: each rollout shard loads its slice (scopeSlice, loadLedgerSlice).
    */
-  manifest: SnapshotManifestSlim;
+  manifest: SnapshotManifest;
   /** Newer snapshots that did not validate, newest first. */
   skipped: SkippedSnapshot[];
-}
-
-/** The manifest with each participant's episode IDs replaced by their count, and without the scope. */
-function slimManifest(manifest: SnapshotManifest): SnapshotManifestSlim {
-  const { scope: _scope, ...gym } = manifest.gym_checkpoint;
-  return { ...manifest, gym_checkpoint: { ...gym, participants: commitSummaries(manifest.gym_checkpoint.participants) } };
 }
 
 /** Anchors newest first: `step_<N>` by N descending, then `bootstrap`. */
@@ -581,7 +577,7 @@ export async function latestSnapshot(input: LatestSnapshotInput): Promise<Latest
           const dir = path.join(root, name);
           try {
             const manifest = await validateSnapshot({ dir, ...(input.fingerprint !== undefined ? { fingerprint: input.fingerprint } : {}) });
-            return { dir, anchor, manifest: slimManifest(manifest), skipped };
+            return { dir, anchor, manifest, skipped };
           } catch (err) {
             if (err instanceof ApplicationFailure && err.type === FAILURE_TYPES.invariant) {
               skipped.push({ dir, reason: err.message });

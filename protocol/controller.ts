@@ -77,9 +77,9 @@ export function commitSummaries(participants: Record<string, GymParticipantCommi
 
 /**
  * Written by the commit into the temp snapshot directory: the scope and every participant's
- * committed episode IDs. The manifest's `gym_checkpoint` is completed from it when the snapshot is
- * finalized, so these lists never travel through workflow histories (~1.2 MB at 8,000 in flight,
- * over Temporal's 2 MiB payload limit at ~14,000).
+ * committed episode IDs, the snapshot's episode index. The manifest names it with its digest and
+ * keeps only counts, so these lists never travel through workflow histories (~1.2 MB at 8,000 in
+ * flight, over Temporal's 2 MiB payload limit at ~14,000) nor are written twice.
  */
 export const GYM_COMMIT_FILE = 'gym_commit.json';
 
@@ -167,7 +167,7 @@ export interface SnapshotLocation {
 }
 
 export interface SnapshotManifest {
-  schema_version: 1;
+  schema_version: 2;
   format: 'rollout-checkpoint/ts';
   run: string;
   checkpoint_id: string;
@@ -177,9 +177,11 @@ export interface SnapshotManifest {
   dataloader_cursor: number;
   gym_topology_fingerprint: string;
   gym_checkpoint: {
-    scope: CaptureKey[];
     restarts: CaptureKey[];
-    participants: Record<string, GymParticipantCommit>;
+    /** What each participant committed, its episode IDs counted: the IDs are in `commit_file`. */
+    participants: Record<string, GymParticipantCommitSummary>;
+    /** The snapshot's `GYM_COMMIT_FILE`: the scope and each participant's episode IDs. */
+    commit_file: FileDigest;
   };
   /** The controller's ledger at the cut: one part per rollout shard (`controller/ledger-<k>.json`). */
   ledger_parts: FileDigest[];
@@ -254,14 +256,14 @@ export function fallbackPartsDir(checkpointDir: string, step: number): string {
 }
 
 /**
- * A snapshot manifest as it travels through workflows: the scope and the participants' episode
- * IDs may be left out, to be read from the snapshot's commit file (`GYM_COMMIT_FILE`).
+ * A snapshot manifest as an attempt hands it to its finalize: without the commit file's digest,
+ * which the finalize adds (the attempt's commit outcome may still carry episode IDs: counted).
  */
 export type SnapshotManifestSlim = Omit<SnapshotManifest, 'gym_checkpoint'> & {
   gym_checkpoint: {
-    scope?: CaptureKey[];
     restarts: CaptureKey[];
     participants: Record<string, GymParticipantCommit | GymParticipantCommitSummary>;
+    commit_file?: FileDigest;
   };
 };
 

@@ -161,7 +161,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
 
     stage('publish');
     const manifest: SnapshotManifestSlim = {
-      schema_version: 1,
+      schema_version: 2,
       format: 'rollout-checkpoint/ts',
       run: input.run,
       checkpoint_id: id,
@@ -170,7 +170,7 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       trainer_version: input.cut.trainerVersion,
       dataloader_cursor: input.cut.dataloaderCursor,
       gym_topology_fingerprint: input.topology.fingerprint,
-      // The scope and each participant's episode list are completed from the commit file.
+      // The finalize names the commit file (the scope and each participant's episode IDs) with its digest.
       gym_checkpoint: { restarts, participants: commit.participants },
       ledger_parts: everyShard.map((k): FileDigest => parts.get(k)!),
       created_at: new Date().toISOString(),

@@ -1,6 +1,7 @@
 // The controller's activities run in a MockActivityEnvironment: Gym coordination against
 // in-process memory participants on 127.0.0.1, `/run` against a small fake environment server,
 // and the small ones (metrics, dataloader).
+import { createHash } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import { promises as fsp } from 'node:fs';
@@ -168,11 +169,11 @@ describe('Gym coordination activities', () => {
     const renewed = await runActivity(acts.gymRenew, { topology, checkpointId: 'ckpt-b', timeoutS: 60 });
     expect(Object.keys(renewed.leases).sort()).toEqual(['env_main', 'res_main']);
 
-    // The commit result, completed from the commit file, is what the snapshot manifest records;
-    // it validates against the disk.
+    // The commit result, checked against the commit file, is what the snapshot manifest records,
+    // with the file's digest; it validates against the disk.
     const cut = await writeLedgerPart({ dir: loc.tmpDir, shard: 0, ledger: packJson({ cursor: 1 }) });
     const slim: SnapshotManifestSlim = {
-      schema_version: 1,
+      schema_version: 2,
       format: 'rollout-checkpoint/ts',
       run: 'run-1',
       checkpoint_id: 'ckpt-b',
@@ -187,9 +188,15 @@ describe('Gym coordination activities', () => {
     };
     const published = await finalizeSnapshot({ location: loc, manifest: slim, fingerprint: topology.fingerprint });
     const manifest = await validateSnapshot({ dir: published, fingerprint: topology.fingerprint });
-    expect(manifest.gym_checkpoint.scope).toEqual(['r1', 'r2']);
-    expect(manifest.gym_checkpoint.participants.res_main).toMatchObject({ kind: 'resources', instance: 'res_main', episode_ids: ['r1'] });
+    expect(manifest.gym_checkpoint.participants.res_main).toMatchObject({ kind: 'resources', instance: 'res_main', episode_count: 1 });
     expect(manifest.gym_checkpoint.participants.env_main!.manifest).toEqual(committed.participants.env_main!.manifest);
+    const commitText = await fsp.readFile(path.join(published, GYM_COMMIT_FILE));
+    expect(manifest.gym_checkpoint.commit_file).toEqual({
+      file: GYM_COMMIT_FILE,
+      sha256: createHash('sha256').update(commitText).digest('hex'),
+      bytes: commitText.length,
+    });
+    expect(JSON.parse(commitText.toString())).toMatchObject({ scope: ['r1', 'r2'] });
 
     // A commit of the same ID with another scope is refused: non-retryable, typed by its code.
     const conflict = await failureOf(

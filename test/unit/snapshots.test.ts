@@ -1,5 +1,6 @@
 // The snapshot bundle activities (docs/controller.md "The snapshot bundle") on a real temp dir:
 // allocation, atomic idempotent publication, retention, validation and restore selection.
+import { createHash } from 'node:crypto';
 import { existsSync, promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { ApplicationFailure } from '@temporalio/common';
@@ -19,7 +20,6 @@ import { writeLedgerPart } from '../../activities/controller-files.js';
 import { topologyFingerprint } from '../../activities/gym.js';
 import {
   GYM_COMMIT_FILE,
-  commitSummaries,
   type GymCommitFile,
   type GymParticipantCommit,
   type SnapshotLocation,
@@ -49,21 +49,26 @@ async function expectFailure(p: Promise<unknown>, type: string, pattern?: RegExp
   return f;
 }
 
-/** What a Gym commit plus the checkpoint attempt would write into a temp snapshot. */
+/** What a Gym commit plus the checkpoint attempt would write into a temp snapshot (its commit file too). */
 async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?: unknown } = {}): Promise<SnapshotManifest> {
   const checkpointId = `rollout-step-${opts.step ?? 0}-snapshot-${loc.sequence}-${'0'.repeat(32)}`;
-  const participants: Record<string, GymParticipantCommit> = {};
+  const lists: Record<string, GymParticipantCommit> = {};
+  const participants: SnapshotManifest['gym_checkpoint']['participants'] = {};
   for (const [instance, kind, n] of [
     ['env', 'environment', 3],
     ['res', 'resources', 0],
   ] as const) {
     const records = Array.from({ length: n }, (_, i) => ({ episode_id: { rollout_id: `r${i}`, attempt: 0 }, payload: { i } }));
     const manifest = await writeRecords({ checkpointDir: loc.tmpDir, kind, instance, checkpointId, records });
-    participants[instance] = { kind, instance, manifest, episode_ids: records.map((r) => r.episode_id.rollout_id) };
+    lists[instance] = { kind, instance, manifest, episode_ids: records.map((r) => r.episode_id.rollout_id) };
+    participants[instance] = { kind, instance, manifest, episode_count: n };
   }
+  const commitText = JSON.stringify({ checkpoint_id: checkpointId, scope: ['r0', 'r1', 'r2'], participants: lists } satisfies GymCommitFile);
+  await fsp.writeFile(path.join(loc.tmpDir, GYM_COMMIT_FILE), commitText);
+  const commitFile = { file: GYM_COMMIT_FILE, sha256: createHash('sha256').update(commitText).digest('hex'), bytes: Buffer.byteLength(commitText) };
   const cut = await writeLedgerPart({ dir: loc.tmpDir, shard: 0, ledger: packJson(opts.ledger ?? { cursor: 7, groups: { g1: [1, 2] }, order: ['g1'] }) });
   const manifest: SnapshotManifest = {
-    schema_version: 1,
+    schema_version: 2,
     format: 'rollout-checkpoint/ts',
     run: 'run-1',
     checkpoint_id: checkpointId,
@@ -72,7 +77,7 @@ async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?
     trainer_version: opts.step ?? 0,
     dataloader_cursor: 7,
     gym_topology_fingerprint: FINGERPRINT,
-    gym_checkpoint: { scope: ['r0', 'r1', 'r2'], restarts: [], participants },
+    gym_checkpoint: { restarts: [], participants, commit_file: commitFile },
     ledger_parts: [cut],
     created_at: new Date().toISOString(),
   };
@@ -130,7 +135,7 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
     expect(keys).toEqual([...keys].sort());
     expect(JSON.parse(text)).toEqual(manifest);
     // No temporary files left behind.
-    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['controller', 'gym', 'manifest.json']);
+    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['controller', 'gym', 'gym_commit.json', 'manifest.json']);
     expect(await fsp.readdir(path.join(loc.tmpDir, 'controller'))).toEqual(['ledger-0.json']);
   });
 
@@ -161,30 +166,28 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
     await expectFailure(writeLedgerPart({ dir: path.join(dir, 'elsewhere'), shard: 0, ledger: packJson({}) }), 'invariant_error');
   });
 
-  it('refuses an episode list holding something that is not a capture key, naming where', async () => {
+  it('refuses a manifest that does not name its commit file with a digest, naming where', async () => {
     const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
     const manifest = await writeBundle(loc);
-    const [name, p] = Object.entries(manifest.gym_checkpoint.participants)[0]!;
-    const broken = {
-      ...manifest,
-      gym_checkpoint: {
-        ...manifest.gym_checkpoint,
-        participants: { ...manifest.gym_checkpoint.participants, [name]: { ...p, episode_ids: [...p.episode_ids, 'not a key'] } },
-      },
-    };
+    const withList = (extra: Record<string, unknown>) =>
+      ({ ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, ...extra } }) as unknown as SnapshotManifest;
     await expectFailure(
-      writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: broken }),
+      writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: withList({ commit_file: { ...manifest.gym_checkpoint.commit_file, sha256: 'x' } }) }),
       'invariant_error',
-      new RegExp(`participants\\.${name}\\.episode_ids\\.${p.episode_ids.length}: not a valid capture key`),
+      /commit_file\.sha256/,
     );
-    await expectFailure(
-      writeSnapshotManifest({
-        tmpDir: loc.tmpDir,
-        manifest: { ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, scope: [7] } } as unknown as SnapshotManifest,
-      }),
-      'invariant_error',
-      /scope\.0/,
-    );
+    // The episode lists stay in the commit file: a manifest carrying them is not this format.
+    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: withList({ scope: ['r0'] }) }), 'invariant_error', /scope/);
+    await expectFailure(writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: withList({ restarts: [7] }) }), 'invariant_error', /restarts\.0/);
+  });
+
+  it('finds a commit file that does not match its digest', async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    await writeBundle(loc);
+    const file = path.join(loc.tmpDir, GYM_COMMIT_FILE);
+    const text = await fsp.readFile(file, 'utf8');
+    await fsp.writeFile(file, text.replace('"r2"', '"r9"'));
+    await expectFailure(validateSnapshot({ dir: loc.tmpDir, fingerprint: FINGERPRINT }), 'invariant_error', /gym_commit\.json does not match the manifest/);
   });
 });
 
@@ -302,22 +305,17 @@ describe('finalizeSnapshot', () => {
     expect(existsSync(loc.finalDir)).toBe(false);
   });
 
-  /** The manifest as a workflow now sends it: no scope, participant episode lists as counts. */
+  /** The manifest as a workflow sends it: without the commit file's digest. */
   const slimOf = (manifest: SnapshotManifest): SnapshotManifestSlim => ({
     ...manifest,
-    gym_checkpoint: { restarts: manifest.gym_checkpoint.restarts, participants: commitSummaries(manifest.gym_checkpoint.participants) },
+    gym_checkpoint: { restarts: manifest.gym_checkpoint.restarts, participants: manifest.gym_checkpoint.participants },
   });
-  const commitFileOf = (manifest: SnapshotManifest): GymCommitFile => ({
-    checkpoint_id: manifest.checkpoint_id,
-    scope: manifest.gym_checkpoint.scope,
-    participants: manifest.gym_checkpoint.participants,
-  });
+  const commitFileIn = async (tmpDir: string): Promise<GymCommitFile> => JSON.parse(await fsp.readFile(path.join(tmpDir, GYM_COMMIT_FILE), 'utf8'));
 
   it('completes a slim manifest from the commit file the Gym commit wrote', async () => {
     const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
     const manifest = await writeBundle(loc);
     await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
-    await fsp.writeFile(path.join(loc.tmpDir, GYM_COMMIT_FILE), JSON.stringify(commitFileOf(manifest)));
     expect(await finalizeSnapshot({ location: loc, manifest: slimOf(manifest), fingerprint: FINGERPRINT })).toBe(loc.finalDir);
     expect(await validateSnapshot({ dir: loc.finalDir, fingerprint: FINGERPRINT })).toEqual(manifest);
   });
@@ -327,11 +325,13 @@ describe('finalizeSnapshot', () => {
     const manifest = await writeBundle(loc);
     await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
     const slim = slimOf(manifest);
-    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /no gym_commit\.json/);
     const file = path.join(loc.tmpDir, GYM_COMMIT_FILE);
-    await fsp.writeFile(file, JSON.stringify({ ...commitFileOf(manifest), checkpoint_id: 'another' }));
+    const written = await commitFileIn(loc.tmpDir);
+    await fsp.rm(file);
+    await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /no gym_commit\.json/);
+    await fsp.writeFile(file, JSON.stringify({ ...written, checkpoint_id: 'another' }));
     await expectFailure(finalizeSnapshot({ location: loc, manifest: slim, fingerprint: FINGERPRINT }), 'invariant_error', /of checkpoint "another"/);
-    const fewer = commitFileOf(manifest);
+    const fewer = structuredClone(written);
     fewer.participants = { ...fewer.participants, env: { ...fewer.participants.env!, episode_ids: ['r0'] } };
     await fsp.writeFile(file, JSON.stringify(fewer));
     await expectFailure(
@@ -425,6 +425,7 @@ describe('latestSnapshot and readLedger', () => {
     // Without the ledger, the scope and the participants' episode lists: one activity result at any scale.
     expect(found).not.toHaveProperty('ledger');
     expect(found!.manifest.gym_checkpoint).not.toHaveProperty('scope');
+    expect(found!.manifest.gym_checkpoint.commit_file.file).toBe(GYM_COMMIT_FILE);
     expect(found!.manifest.ledger_parts.map((p) => p.file)).toEqual(['controller/ledger-0.json']);
     expect(found!.manifest.sequence).toBe(1);
     for (const p of Object.values(found!.manifest.gym_checkpoint.participants)) {
