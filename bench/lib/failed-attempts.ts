@@ -27,7 +27,7 @@ export async function failedAttempts(client: Client, run: string, limit = 500): 
       .result()
       .catch((err: unknown) => ({ status: 'unreadable', reason: String(err) }))) as Pick<RolloutReport, 'status' | 'reason'>;
     const alike = String(report.reason ?? '').replace(/\d+/g, 'N');
-    const reason = `${report.status}: ${alike.slice(0, 160)}`;
+    const reason = `${report.status}: ${alike.slice(0, 400)}`;
     counts.set(reason, (counts.get(reason) ?? 0) + 1);
   }
   return { listed, read, reasons: [...counts].sort((a, b) => b[1] - a[1]) };
