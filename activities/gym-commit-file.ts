@@ -7,12 +7,11 @@
 // strings at a large checkpoint, most of the finalize's garbage in the worker). A finalize in
 // another process, or a retry, reads the file.
 import { createHash } from 'node:crypto';
-import fsp from 'node:fs/promises';
 import path from 'node:path';
 import { z } from 'zod';
 import { GYM_COMMIT_FILE, type FileDigest, type GymCommitFile } from '../protocol/controller.js';
 import { writeFileAtomically } from '../servers/common/durable-files.js';
-import { errorMessage } from './activity-context.js';
+import { readJsonFile } from './json-file.js';
 
 const GymCommitFileSchema = z.object({
   checkpoint_id: z.string(),
@@ -64,25 +63,9 @@ export async function takeGymCommitFile(dir: string, checkpointId: string, bad: 
     written.delete(key);
     return mine;
   }
-  let data: Buffer;
-  try {
-    data = await fsp.readFile(path.join(dir, GYM_COMMIT_FILE));
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-    throw err;
-  }
-  let raw: unknown;
-  try {
-    raw = JSON.parse(data.toString('utf8'));
-  } catch (err) {
-    throw bad(`${GYM_COMMIT_FILE} is not JSON: ${errorMessage(err)}`);
-  }
-  const parsed = GymCommitFileSchema.safeParse(raw);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    throw bad(`${GYM_COMMIT_FILE} is invalid at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
-  }
-  if (parsed.data.checkpoint_id !== checkpointId)
-    throw bad(`${GYM_COMMIT_FILE} is of checkpoint ${JSON.stringify(parsed.data.checkpoint_id)}, not ${checkpointId}`);
-  return { lists: parsed.data, digest: digestOf(data) };
+  const read = await readJsonFile(path.join(dir, GYM_COMMIT_FILE), GymCommitFileSchema, bad);
+  if (!read) return undefined;
+  if (read.data.checkpoint_id !== checkpointId)
+    throw bad(`${GYM_COMMIT_FILE} is of checkpoint ${JSON.stringify(read.data.checkpoint_id)}, not ${checkpointId}`);
+  return { lists: read.data, digest: digestOf(read.bytes) };
 }

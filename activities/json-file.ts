@@ -10,16 +10,17 @@ const isMissing = (err: unknown): boolean => ['ENOENT', 'ENOTDIR'].includes((err
 /**
  * The file parsed and checked against `schema`: `undefined` when it does not exist; `bad(what)` is
  * thrown when it is not JSON or does not match (`what` names the file and the first problem).
- * Returns the raw value beside zod's copy, for callers that keep extras as written.
+ * Returns the raw value beside zod's copy, for callers that keep extras as written, and the bytes
+ * read (for a caller that digests them).
  */
 export async function readJsonFile<S extends z.ZodType>(
   file: string,
   schema: S,
   bad: (what: string) => Error,
-): Promise<{ raw: unknown; data: z.infer<S> } | undefined> {
-  let text: string;
+): Promise<{ raw: unknown; data: z.infer<S>; bytes: Buffer } | undefined> {
+  let bytes: Buffer;
   try {
-    text = await fsp.readFile(file, 'utf8');
+    bytes = await fsp.readFile(file);
   } catch (err) {
     if (isMissing(err)) return undefined;
     throw err;
@@ -27,7 +28,7 @@ export async function readJsonFile<S extends z.ZodType>(
   const name = path.basename(file);
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    raw = JSON.parse(bytes.toString('utf8'));
   } catch (err) {
     throw bad(`${name} is not JSON: ${errorMessage(err)}`);
   }
@@ -36,5 +37,5 @@ export async function readJsonFile<S extends z.ZodType>(
     const issue = parsed.error.issues[0]!;
     throw bad(`${name} is invalid at ${issue.path.join('.') || '(root)'}: ${issue.message}`);
   }
-  return { raw, data: parsed.data };
+  return { raw, data: parsed.data, bytes };
 }
