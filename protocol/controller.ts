@@ -263,7 +263,6 @@ export type SnapshotManifestSlim = Omit<SnapshotManifest, 'gym_checkpoint'> & {
   gym_checkpoint: {
     restarts: CaptureKey[];
     participants: Record<string, GymParticipantCommit | GymParticipantCommitSummary>;
-    commit_file?: FileDigest;
   };
 };
 
