@@ -16,6 +16,7 @@ import type { RunConfig } from '../../protocol/run-config.js';
 import { checkpointWorkflowId } from '../../workflows/checkpointAttempt.js';
 import { HOLDERS, checkpointNow, runStatus, type Holds, type RunStatus } from '../../workflows/messages.js';
 import { rolloutWorkflowId } from '../../workflows/rolloutAttempt.js';
+import { PENDING_RETRY_MS } from '../../workflows/run/checkpoints.js';
 import { shardWorkflowId } from '../../workflows/rolloutShard.js';
 import { trainingRun, type RunSummary } from '../../workflows/trainingRun.js';
 import { createTimeSkippingEnv } from '../helpers/temporal.js';
@@ -427,6 +428,27 @@ describe('checkpoint attempts in a training run', () => {
     });
   });
 
+  it('5b. a pending abort retried by its timer with no periodic checkpoint set: the abort goes through, and no new attempt follows it', async () => {
+    const gym = new FakeGym();
+    gym.script = { holdRuns: true, notReady: 1, resumeFailures: 4 };
+    const cfg = runConfig('abort-retried-by-timer');
+    await withWorker(env, bundle, gym, cfg, async () => {
+      const handle = await startRun(cfg);
+      await until(() => gym.running.size === 2, 'the first group in flight');
+      const first = await handle.executeUpdate(checkpointNow);
+      expect(first).toMatchObject({ outcome: 'failed', reason: 'timeout', abortPending: true });
+      await until(async () => (await status(handle)).pendingAbort === null, 'the timer to retry the abort', PENDING_RETRY_MS + 10_000);
+      // Past another retry period: a retry is not a periodic checkpoint.
+      await delay(PENDING_RETRY_MS + 1_000);
+      expect(gym.calls.filter((c) => c.startsWith('allocate:') || c.startsWith('prepare:'))).toEqual(['allocate:1', `prepare:${first.checkpointId}`]);
+      expect(gym.metrics.map((m) => `${m.outcome}/${m.reason}`)).toEqual(['failed/timeout']);
+      expect((await status(handle)).gates.gymCheckpoint).toBe(false);
+      const summary = await finishRun(gym, handle);
+      expect(summary).toMatchObject({ steps: 2, completedRollouts: 4 });
+      expectRunsOnce(gym);
+    });
+  }, 60_000);
+
   it('6. resume failing after publish → failed/release_pending; dispatch stays closed; the next attempt releases the same ID → completed', async () => {
     const gym = new FakeGym();
     gym.script = { holdRuns: true, resumeFailures: 4 };
@@ -641,6 +663,9 @@ describe('Gym crashes (no crash ends a run)', () => {
         gym.comeBack();
         await until(async () => (await status(handle)).consecutiveFailures === 0, `the recovery after crash ${crash}`);
       }
+      // The recovery settled the broken attempt's pending abort: the retry timer it had armed is
+      // stale, and no checkpoint follows when it would have fired (no periodic checkpoint is set).
+      await delay(PENDING_RETRY_MS + 1_000);
       const summary = await finishRun(gym, handle);
       expect(summary).toMatchObject({ steps: 2, completedRollouts: 4, failedRollouts: 0 });
       expect(summary.recoveries).toHaveLength(2);

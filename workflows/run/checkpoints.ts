@@ -15,7 +15,7 @@ import { ensureShards, holdsForCheckpoint, syncHolds } from './shards.js';
 import { MAX_KEPT_OUTCOMES } from './state.js';
 
 /** A pending release or abort is retried this often: admission stays closed until it goes through. */
-const PENDING_RETRY_MS = 5_000;
+export const PENDING_RETRY_MS = 5_000;
 
 async function openGymGate(ctx: RunContext): Promise<void> {
   ctx.st.gates.gymCheckpoint = false;
@@ -63,12 +63,18 @@ export function startCheckpoint(ctx: RunContext): void {
   const manual = ctx.manualRequested > ctx.manualServed;
   const ticket = manual ? ++ctx.manualServed : 0;
   const trigger: CheckpointTrigger = manual ? 'manual' : ctx.boundaryRequested ? 'trainer_boundary' : 'periodic';
+  // Only the timer of a pending release or abort fired: retry it, and start no new attempt (the
+  // periodic one, if set, is due on its own timer, armed again below).
+  const pending = st.pendingRelease ?? st.pendingAbort;
+  const retryOnly = !manual && !ctx.boundaryRequested && pending !== null;
   ctx.boundaryRequested = false;
   ctx.checkpointRunning = true;
   void (async () => {
     try {
-      const o = await runCheckpoint(ctx, trigger);
-      if (o.outcome === 'skipped' && o.reason === 'missing_trainer_anchor') {
+      const o = retryOnly ? await retryPending(ctx, pending.trigger) : await runCheckpoint(ctx, trigger);
+      if (o === undefined) {
+        // The abort went through: nothing to record.
+      } else if (o.outcome === 'skipped' && o.reason === 'missing_trainer_anchor') {
         // Logged once per step, not every tick; not a failure and not an attempt.
         if (st.missingAnchorStep !== st.steps) {
           st.missingAnchorStep = st.steps;
@@ -78,7 +84,7 @@ export function startCheckpoint(ctx: RunContext): void {
       } else {
         await record(ctx, o);
       }
-      if (ticket) ctx.manualOutcomes[ticket] = o;
+      if (ticket && o) ctx.manualOutcomes[ticket] = o;
     } catch (err) {
       ctx.fatal = err instanceof ApplicationFailure ? err : ApplicationFailure.nonRetryable(String(err), 'invariant_error');
     } finally {

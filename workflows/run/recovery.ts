@@ -11,7 +11,7 @@ import { describeFailure } from '../failures.js';
 import type { ShardAnswer } from '../messages.js';
 import { recoveryRecorded } from '../metrics.js';
 import { allShards } from '../shard-asker.js';
-import { record, retryPending } from './checkpoints.js';
+import { armCheckpointTimer, record, retryPending } from './checkpoints.js';
 import type { RunContext } from './context.js';
 import { shardTopology } from './dispatch.js';
 import { ensureShards, syncHolds } from './shards.js';
@@ -125,6 +125,7 @@ async function waitForGym(ctx: RunContext): Promise<GymTopology> {
 /** Retries a pending release or abort until it goes through (a failure of a Gym that is up counts as usual). */
 async function settlePending(ctx: RunContext): Promise<void> {
   const { st } = ctx;
+  if (!st.pendingRelease && !st.pendingAbort) return;
   for (let i = 0; st.pendingRelease || st.pendingAbort; i++) {
     const o = await retryPending(ctx, (st.pendingRelease ?? st.pendingAbort)!.trigger);
     if (o) await record(ctx, o);
@@ -134,4 +135,6 @@ async function settlePending(ctx: RunContext): Promise<void> {
       else await sleep(Math.min(10_000, 1_000 * 2 ** Math.min(i, 4)));
     }
   }
+  // The timer armed for the pending retry is stale now: the next checkpoint is the periodic one, if any.
+  armCheckpointTimer(ctx);
 }
