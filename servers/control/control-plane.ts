@@ -27,6 +27,7 @@ import {
 } from '../../protocol/control.js';
 import type { CheckpointRecord, Manifest } from '../../protocol/manifest.js';
 import { AheadStaging } from './ahead.js';
+import { collectAfterRelease } from './collect-after-release.js';
 import { boundByDeadline, deadlineSignal, nowSeconds } from './deadline.js';
 import type { ExportResult, ParticipantHooks } from './hooks.js';
 import { Mutex } from '../common/async.js';
@@ -602,6 +603,7 @@ export class ControlPlane {
     await this.openAdmission();
     this.resumed.add(id);
     this.toIdle();
+    if (state?.write) collectAfterRelease(() => this.admissionOpen());
   }
 
   private toIdle(): void {

@@ -260,10 +260,11 @@ function startServer(runDir: string, state: RunState, name: string, env: NodeJS.
   let proc;
   try {
     // `node --import tsx` is `tsx` without its wrapper process: one process per group, signals
-    // reach the server directly.
+    // reach the server directly. `--expose-gc`: a server collects a commit's garbage once its
+    // checkpoint released admission (servers/control/collect-after-release.ts); its workers inherit it.
     proc = spawnGroup({
       command: process.execPath,
-      args: ['--import', 'tsx', MAIN, '--deployment', deploymentPath(runDir), '--name', name, '--endpoints', endpointsPath(runDir)],
+      args: ['--expose-gc', '--import', 'tsx', MAIN, '--deployment', deploymentPath(runDir), '--name', name, '--endpoints', endpointsPath(runDir)],
       env,
       cwd: PROJECT_ROOT,
       stdio: ['ignore', fd, fd],

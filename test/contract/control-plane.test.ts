@@ -3,8 +3,9 @@
 import { readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { CONTROL_PREFIX } from '../../protocol/control.js';
+import { COLLECT_DELAY_MS } from '../../servers/control/collect-after-release.js';
 import type { Kind } from '../../protocol/ids.js';
 import { buildMemoryServer, type MemoryParticipant } from '../participants/memory-participant.js';
 import { sleep } from '../helpers/wait.js';
@@ -386,6 +387,24 @@ describe('commit', () => {
     expect(r.body.episode_ids).toEqual(['n1']);
     expect(s.p.deletedRestored).toEqual(['r1-a1']);
     expect(s.p.plane.isRetired(ep('r1', 1))).toBe(false); // freed without fencing
+  });
+});
+
+describe('after the release', () => {
+  it("a commit's resume has the process collect its garbage once (with --expose-gc); an abort after prepare does not", async () => {
+    const gc = vi.fn();
+    vi.stubGlobal('gc', gc);
+    try {
+      const { s } = await inPhase('committed');
+      expect((await s.call('resume', { checkpoint_id: 'C', deadline_ts: soon() })).status).toBe(200);
+      await vi.waitFor(() => expect(gc).toHaveBeenCalledTimes(1), { timeout: 2_000 });
+      const { s: aborted } = await inPhase('prepared');
+      expect((await aborted.call('resume', { checkpoint_id: 'C', deadline_ts: soon() })).status).toBe(200);
+      await sleep(COLLECT_DELAY_MS + 100);
+      expect(gc).toHaveBeenCalledTimes(1);
+    } finally {
+      vi.unstubAllGlobals();
+    }
   });
 });
 
