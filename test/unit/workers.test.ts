@@ -209,4 +209,37 @@ describe('joinWorkerRecords', () => {
       setWorkerRole(undefined);
     }
   });
+
+  it("a part's kept buffers serve the next commit's part, never while a placement still reads them", async () => {
+    const file = path.join(root, '.records.jsonl.00000000000000ab');
+    const placed = async (checkpointId: string): Promise<string> => {
+      writeFileSync(file, '');
+      await placeHeldPart(checkpointId, file, 0);
+      return readFileSync(file, 'utf8');
+    };
+    try {
+      setWorkerRole({ index: 0, of: 2 });
+      const first = startRecordsWrite({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck1', records: [rec('long-episode-a'), rec('b')] });
+      await first.done;
+      expect(await placed('ck1')).toContain('"long-episode-a"');
+      await first.stop();
+      // The next part is shorter and reuses the buffers: exactly its own bytes are placed.
+      const second = startRecordsWrite({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck2', records: [rec('c')] });
+      await second.done;
+      const placedSecond = await placed('ck2');
+      expect(placedSecond).toContain('"c"');
+      expect(placedSecond).not.toContain('long-episode-a');
+      // Resumed while its placement runs, then a new part written at once: the placement still places ck2's bytes.
+      writeFileSync(file, '');
+      const placing = placeHeldPart('ck2', file, 0);
+      await second.stop();
+      const third = startRecordsWrite({ checkpointDir: root, kind: KIND, instance: NAME, checkpointId: 'ck3', records: [rec('d')] });
+      await third.done;
+      await placing;
+      expect(readFileSync(file, 'utf8')).toBe(placedSecond);
+      await third.stop();
+    } finally {
+      setWorkerRole(undefined);
+    }
+  });
 });

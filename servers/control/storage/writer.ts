@@ -96,11 +96,12 @@ async function runPartWrite(opts: RecordsWriteOptions, lock: Mutex, flag: { stop
     const { sha256, count } = await streamRecords(sink, opts.records, flag);
     return await lock.run(() => {
       if (flag.stopped) throw refuse('invalid_checkpoint_state', STOPPED);
-      holdPart({ checkpointId: opts.checkpointId, chunks: target.chunks, bytes: target.bytes });
+      holdPart({ checkpointId: opts.checkpointId, chunks: target.chunks, bytes: target.bytes, buffers: target.buffers });
       return manifestOf({ ...opts, extras: { ...extras, part_bytes: target.bytes }, sha256, count });
     });
   } catch (err) {
     await sink.abort();
+    target.discard();
     throw storageError(err, `writing the records of ${where}`);
   }
 }
