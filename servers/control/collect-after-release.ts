@@ -2,11 +2,11 @@
 // thousands of records promotes much of what it allocates (the scope, the records' batches, the
 // parts) into the old generation; left alone, V8 starts its next full collection (incremental
 // marking over a heap of every parked episode, on the main thread) in whichever later commit
-// crosses the limit, and that checkpoint's admission stays closed for it. Collected right after the release instead, while the episodes go on, the next
-// window starts with a heap that has room (docs/performance.md, "A commit's garbage collected after
-// its release"). Not for the controller's worker: there a full collection of a heap holding every
-// parked `/run` outlasted the time between checkpoints (docs/performance.md, "Where the worker's
-// garbage comes from").
+// crosses the limit, and that checkpoint's admission stays closed for it. Collected right after the
+// release instead, while the episodes go on, the next window starts with a heap that has room
+// (docs/performance.md, "A commit's garbage collected after its release"). Not for the
+// controller's worker: there a full collection of a heap holding every parked `/run` outlasted the
+// time between checkpoints (docs/performance.md, "Where the worker's garbage comes from").
 //
 // V8 exposes a collection to JavaScript only with `--expose-gc`: the launcher starts the Gym servers
 // with it (their workers inherit it); a server started without it skips this.

@@ -11,8 +11,8 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { refuse } from '../../../protocol/errors.js';
-import { isTempPath } from './paths.js';
 import { SHARED_CHUNK_BYTES } from './digest.js';
+import { isTempPath } from './paths.js';
 import { fileWrite, type RecordsTarget } from './records-sink.js';
 
 export interface HeldPart {
@@ -20,7 +20,7 @@ export interface HeldPart {
   chunks: readonly Buffer[];
   bytes: number;
   /** The kept buffers the chunks are views of: back to the pool once the part is dropped and placed. */
-  buffers?: readonly Buffer[];
+  buffers: readonly Buffer[];
 }
 
 let held: HeldPart | undefined;
@@ -41,8 +41,8 @@ function takeBuffer(length: number): Buffer {
   return Buffer.allocUnsafeSlow(Math.max(length, SHARED_CHUNK_BYTES));
 }
 
-function returnBuffers(part: HeldPart): void {
-  for (const b of part.buffers ?? []) if (idleBuffers.length < MAX_IDLE_BUFFERS) idleBuffers.push(b);
+function returnBuffers(buffers: readonly Buffer[]): void {
+  for (const b of buffers) if (idleBuffers.length < MAX_IDLE_BUFFERS) idleBuffers.push(b);
 }
 
 /** Where the records sink writes in a worker: in-order batches, each copied into a kept buffer (the sink reuses its own). */
@@ -64,7 +64,7 @@ export class MemoryRecordsTarget implements RecordsTarget {
 
   /** A write that failed or was stopped: its buffers go back to the pool. */
   discard(): void {
-    returnBuffers({ checkpointId: '', chunks: [], bytes: 0, buffers: this.buffers });
+    returnBuffers(this.buffers);
     this.buffers.length = 0;
     this.chunks.length = 0;
   }
@@ -89,7 +89,7 @@ export function dropHeldPart(checkpointId: string): void {
 
 function release(part: HeldPart): void {
   if (placing.has(part)) dropped.add(part);
-  else returnBuffers(part);
+  else returnBuffers(part.buffers);
 }
 
 /** Writes the held part of `checkpointId` into `file` (created by the front) at `offset`. */
@@ -116,7 +116,7 @@ export async function placeHeldPart(checkpointId: string, file: string, offset: 
     if (left > 0) placing.set(part, left);
     else {
       placing.delete(part);
-      if (dropped.delete(part)) returnBuffers(part);
+      if (dropped.delete(part)) returnBuffers(part.buffers);
     }
   }
   return { bytes: part.bytes };
