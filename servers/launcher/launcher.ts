@@ -7,6 +7,7 @@ import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../common/config-error.js';
 import type { Endpoints } from '../common/deployment.js';
+import { HEAP_GROWING_FLAG } from '../common/heap-growing.js';
 import { groupAlive, killGroup, signalGroup, stopGroup } from './group-liveness.js';
 import { probeHealth, waitHealthy } from './health.js';
 import { freePorts, isPortFree } from './ports.js';
@@ -252,6 +253,13 @@ async function launch(runDir: string, state: RunState, names: string[], env: Nod
   }
 }
 
+/**
+ * V8 flags of every server process. `--expose-gc`: a server collects a commit's garbage once its
+ * checkpoint released admission (servers/control/collect-after-release.ts). The heap's growth:
+ * servers/common/heap-growing.ts.
+ */
+export const SERVER_V8_FLAGS: readonly string[] = ['--expose-gc', HEAP_GROWING_FLAG];
+
 function startServer(runDir: string, state: RunState, name: string, env: NodeJS.ProcessEnv): { healthy(timeoutMs: number): Promise<void> } {
   const s = state.servers[name]!;
   const log = logPath(runDir, name);
@@ -260,11 +268,10 @@ function startServer(runDir: string, state: RunState, name: string, env: NodeJS.
   let proc;
   try {
     // `node --import tsx` is `tsx` without its wrapper process: one process per group, signals
-    // reach the server directly. `--expose-gc`: a server collects a commit's garbage once its
-    // checkpoint released admission (servers/control/collect-after-release.ts); its workers inherit it.
+    // reach the server directly. Its workers inherit the V8 flags (SERVER_V8_FLAGS).
     proc = spawnGroup({
       command: process.execPath,
-      args: ['--expose-gc', '--import', 'tsx', MAIN, '--deployment', deploymentPath(runDir), '--name', name, '--endpoints', endpointsPath(runDir)],
+      args: [...SERVER_V8_FLAGS, '--import', 'tsx', MAIN, '--deployment', deploymentPath(runDir), '--name', name, '--endpoints', endpointsPath(runDir)],
       env,
       cwd: PROJECT_ROOT,
       stdio: ['ignore', fd, fd],

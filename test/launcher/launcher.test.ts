@@ -12,6 +12,7 @@ import {
   LaunchError,
   readEndpoints,
   restartDeployment,
+  SERVER_V8_FLAGS,
   statusDeployment,
   upDeployment,
 } from '../../servers/launcher/launcher.js';
@@ -94,6 +95,11 @@ describe('launcher (real processes)', () => {
     const status = await statusDeployment(runDir);
     expect(status.every((s) => s.alive && s.healthy)).toBe(true);
     for (const pid of Object.values(pids())) expect(running(pid)).toBe(true);
+    // Each server process runs with the launcher's V8 flags (its workers inherit them).
+    for (const [name, pid] of Object.entries(pids())) {
+      const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+      for (const flag of SERVER_V8_FLAGS) expect(argv, name).toContain(flag);
+    }
 
     // The servers found each other through endpoints.json: model → inference under the prefix.
     const r = await chat(endpoints.policy_model!.url, 'wx-1');
