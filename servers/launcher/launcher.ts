@@ -7,7 +7,6 @@ import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../common/config-error.js';
 import type { Endpoints } from '../common/deployment.js';
-import { HEAP_GROWING_FLAG } from '../common/heap-growing.js';
 import { groupAlive, killGroup, signalGroup, stopGroup } from './group-liveness.js';
 import { probeHealth, waitHealthy } from './health.js';
 import { freePorts, isPortFree } from './ports.js';
@@ -254,11 +253,16 @@ async function launch(runDir: string, state: RunState, names: string[], env: Nod
 }
 
 /**
- * V8 flags of every server process. `--expose-gc`: a server collects a commit's garbage once its
- * checkpoint released admission (servers/control/collect-after-release.ts). The heap's growth:
- * servers/common/heap-growing.ts.
+ * V8 flags of every server process (its workers inherit them). `--expose-gc`: a server collects a
+ * commit's garbage once its checkpoint released admission (servers/control/collect-after-release.ts).
+ * `--heap-growing-percent=100`: V8 picks the heap's growth from its collection speed against the
+ * allocation rate, and a server that holds thousands of parked episodes and allocates little between
+ * requests got ~1.1–1.3 times its live heap, a few MB of slack that a commit's own allocation used
+ * up, starting a full collection inside the checkpoint's window (GC traces in docs/performance.md).
+ * At twice the live heap a collection comes once the heap doubled, and a commit seldom brings one;
+ * the cost is memory. The controller's worker keeps V8's own factor (tried, not kept: the same doc).
  */
-export const SERVER_V8_FLAGS: readonly string[] = ['--expose-gc', HEAP_GROWING_FLAG];
+export const SERVER_V8_FLAGS: readonly string[] = ['--expose-gc', '--heap-growing-percent=100'];
 
 function startServer(runDir: string, state: RunState, name: string, env: NodeJS.ProcessEnv): { healthy(timeoutMs: number): Promise<void> } {
   const s = state.servers[name]!;
@@ -268,7 +272,7 @@ function startServer(runDir: string, state: RunState, name: string, env: NodeJS.
   let proc;
   try {
     // `node --import tsx` is `tsx` without its wrapper process: one process per group, signals
-    // reach the server directly. Its workers inherit the V8 flags (SERVER_V8_FLAGS).
+    // reach the server directly.
     proc = spawnGroup({
       command: process.execPath,
       args: [...SERVER_V8_FLAGS, '--import', 'tsx', MAIN, '--deployment', deploymentPath(runDir), '--name', name, '--endpoints', endpointsPath(runDir)],
