@@ -158,8 +158,15 @@ export function createRolloutActivities(runPool: Dispatcher, keeper?: RunKeeper)
       // signal through: a third of the attempt's workflow tasks.
       const reportTo = input.reportTo;
       const deliver = reportTo ? (client: Client, r: unknown) => deliverReport(client, reportTo, r as RolloutReport) : undefined;
+      // An earlier try of this activity ended the episode and its report reached the shard, but the
+      // server never took its completion: that report is the attempt's outcome (Gym may have
+      // crashed since, and with it the reply it kept).
+      const kept = keeper?.takeKept(key) as RolloutReport | undefined;
+      if (kept) return kept;
       const ctx = keeper ? activityContext() : undefined;
-      const handedOver = ctx ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal)), deliver) : undefined;
+      const handedOver = ctx
+        ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal)), { beforeComplete: deliver, keepAs: key })
+        : undefined;
       if (handedOver) throw handedOver;
       const r = report(await heartbeating({ captureKey: key }, post));
       const client = deliver && workerClient();

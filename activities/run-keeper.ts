@@ -13,7 +13,11 @@
 //   timeout and ran again. Here they queue, at most `window` calls are in flight, and a queued
 //   outcome is beaten on the same schedule until it is through.
 // An outcome that never gets through loses nothing: the activity times out, its retry POSTs `/run`
-// again and receives the kept reply (our `/run` is idempotent per attempt).
+// again and receives the kept reply (our `/run` is idempotent per attempt). But a completed report
+// already went to its shard (`beforeComplete`), and a Gym that crashed since has no reply to keep:
+// the retry would end the attempt as failed while its shard holds it sealed (chaos seed 563, a dev
+// server restart then a Gym crash). So that result stays here until its completion gets through;
+// the retry, when it comes to this worker, takes it (`takeKept`) instead of calling Gym again.
 import { CompleteAsyncError, type Context } from '@temporalio/activity';
 import { ActivityCancelledError, ActivityNotFoundError, ActivityPausedError, ActivityResetError, type Client } from '@temporalio/client';
 import { ApplicationFailure } from '@temporalio/common';
@@ -30,6 +34,8 @@ const RETRY_DELAY_MS = 250;
 const MAX_RETRY_DELAY_MS = 10_000;
 /** How often held `/run`s are checked for a beat that is due. */
 const SCAN_MS = 1_000;
+/** How long a result whose completion the server refused stays for its activity's retry. */
+export const KEPT_RESULT_MS = 30 * 60_000;
 
 type Outcome = { kind: 'complete'; result: unknown } | { kind: 'fail'; error: unknown } | { kind: 'cancelled' };
 
@@ -55,6 +61,15 @@ interface Held {
   details: unknown;
   /** Runs before the completion is sent (once it succeeds, not again): its value is the result sent. */
   beforeComplete: ((client: Client, result: unknown) => Promise<unknown>) | undefined;
+  /** The key the result is kept under once `beforeComplete` ran, until its completion gets through. */
+  keepAs: string | undefined;
+}
+
+export interface AdoptOptions {
+  /** Runs just before a result is sent (rollouts.ts: the report's signal to its shard); gives the result sent. */
+  beforeComplete?: (client: Client, result: unknown) => Promise<unknown>;
+  /** Keeps the result sent under this key until the server took it (see `takeKept`). */
+  keepAs?: string;
 }
 
 export interface RunKeeperOptions {
@@ -76,6 +91,9 @@ export interface RunKeeperStats {
   /** Activities the server no longer had (they timed out or ended): their retry gets the kept reply. */
   notFound: number;
   retried: number;
+  /** Results kept for a retry (`takeKept`), and how many retries took one. */
+  kept: number;
+  takenKept: number;
 }
 
 export class RunKeeper {
@@ -93,7 +111,9 @@ export class RunKeeper {
   private scan: NodeJS.Timeout | undefined;
   private closing = false;
   private idle: Array<() => void> = [];
-  private readonly counts = { completed: 0, failed: 0, cancelled: 0, beats: 0, notFound: 0, retried: 0 };
+  /** Results whose `beforeComplete` ran, by `keepAs`, with when the server last refused them (0: not yet). */
+  private readonly kept = new Map<string, { result: unknown; refusedAt: number }>();
+  private readonly counts = { completed: 0, failed: 0, cancelled: 0, beats: 0, notFound: 0, retried: 0, takenKept: 0 };
 
   constructor(opts: RunKeeperOptions = {}) {
     this.window = opts.window ?? DEFAULT_CALL_WINDOW;
@@ -104,18 +124,12 @@ export class RunKeeper {
 
   /**
    * Takes over the activity of `ctx`: runs `work` (its abort signal fires on the server's
-   * cancellation or the worker's shutdown) and reports its outcome; `beforeComplete` runs just
-   * before a result is sent (rollouts.ts: the report's signal to its shard) and gives the result
-   * sent. Returns the error the activity throws so that the SDK completes nothing itself;
-   * `undefined` when the context has no client or no heartbeat timeout (a mock environment, a local
-   * activity): the caller runs the work itself.
+   * cancellation or the worker's shutdown) and reports its outcome (`opts`: what runs before a
+   * result is sent, and the key it is kept under). Returns the error the activity throws so that
+   * the SDK completes nothing itself; `undefined` when the context has no client or no heartbeat
+   * timeout (a mock environment, a local activity): the caller runs the work itself.
    */
-  adopt(
-    ctx: Context,
-    details: unknown,
-    work: (signal: AbortSignal) => Promise<unknown>,
-    beforeComplete?: (client: Client, result: unknown) => Promise<unknown>,
-  ): CompleteAsyncError | undefined {
+  adopt(ctx: Context, details: unknown, work: (signal: AbortSignal) => Promise<unknown>, opts: AdoptOptions = {}): CompleteAsyncError | undefined {
     let client: Client;
     try {
       client = ctx.client;
@@ -140,7 +154,8 @@ export class RunKeeper {
       notBefore: 0,
       retryDelayMs: RETRY_DELAY_MS,
       details,
-      beforeComplete,
+      beforeComplete: opts.beforeComplete,
+      keepAs: opts.keepAs,
     };
     h.beatDue = nextBeat(h);
     this.held.add(h);
@@ -154,7 +169,27 @@ export class RunKeeper {
   }
 
   stats(): RunKeeperStats {
-    return { running: this.running, queued: this.outcomes.length, inFlight: this.inFlight, ...this.counts };
+    return { running: this.running, queued: this.outcomes.length, inFlight: this.inFlight, kept: this.kept.size, ...this.counts };
+  }
+
+  /**
+   * The result sent for `key` by an earlier try of the same activity whose completion has not got
+   * through (or was refused: the server timed that try out), taken once: the retry completes with
+   * it instead of running the work again.
+   */
+  takeKept(key: string): unknown {
+    this.forgetExpired();
+    const k = this.kept.get(key);
+    if (!k) return undefined;
+    this.kept.delete(key);
+    this.counts.takenKept++;
+    this.log('a retried activity completes with the result its earlier try sent', { key, refused: k.refusedAt !== 0 });
+    return k.result;
+  }
+
+  private forgetExpired(): void {
+    const before = Date.now() - KEPT_RESULT_MS;
+    for (const [key, k] of this.kept) if (k.refusedAt !== 0 && k.refusedAt < before) this.kept.delete(key);
   }
 
   /**
@@ -262,6 +297,7 @@ export class RunKeeper {
             this.beaten(h, sentAt);
           } else {
             this.held.delete(h);
+            if (h.keepAs !== undefined) this.kept.delete(h.keepAs);
             this.counts[h.outcome!.kind === 'complete' ? 'completed' : h.outcome!.kind === 'fail' ? 'failed' : 'cancelled']++;
           }
         },
@@ -283,6 +319,10 @@ export class RunKeeper {
           // Within the window like the completion itself; a retry of a failed completion does not repeat it.
           outcome.result = await h.beforeComplete(client, outcome.result);
           h.beforeComplete = undefined;
+          if (h.keepAs !== undefined) {
+            this.forgetExpired();
+            this.kept.set(h.keepAs, { result: outcome.result, refusedAt: 0 });
+          }
         }
         return client.activity.complete(token, outcome.result);
       case 'fail':
@@ -303,6 +343,9 @@ export class RunKeeper {
       // through): its retry, if any, attaches to the episode or receives the kept reply.
       this.counts.notFound++;
       this.held.delete(h);
+      // Its result, if it went to its shard, waits for the retry from now on (KEPT_RESULT_MS).
+      const k = h.keepAs === undefined ? undefined : this.kept.get(h.keepAs);
+      if (k) k.refusedAt = Date.now();
       this.dequeueOutcome(h);
       h.abort.abort(err);
       return;

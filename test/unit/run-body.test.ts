@@ -1,9 +1,14 @@
 // A `/run`'s request body owns its bytes: a `/run` may stay parked for minutes, and a body that were
 // a slice of Node's shared 8 KB buffer pool (what undici makes of a string) would keep the whole
-// slab alive with it, ~7.5 KB too many per parked rollout (docs/performance.md).
+// slab alive with it, ~7.5 KB too many per parked rollout (docs/performance.md). And a retry whose
+// earlier try's report reached its shard completes with that report, without a `/run`.
+import type { Context } from '@temporalio/activity';
+import { ActivityNotFoundError, type Client } from '@temporalio/client';
 import { MockAgent } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { createRolloutActivities } from '../../activities/rollouts.js';
+import { RunKeeper } from '../../activities/run-keeper.js';
+import { waitFor } from '../helpers/wait.js';
 import { mockEnv } from '../helpers/activity.js';
 
 describe('runEpisode', () => {
@@ -34,5 +39,40 @@ describe('runEpisode', () => {
     const bytes = sent as Uint8Array;
     expect(bytes.buffer.byteLength).toBe(bytes.byteLength);
     expect(JSON.parse(new TextDecoder().decode(bytes))).toEqual({ episode_id: { rollout_id: 'r-p0-s0', attempt: 1 }, task: { prompt: 'x' } });
+  });
+
+  it("a retry whose earlier try's completed report reached its shard (its completion refused) returns that report and calls no /run", async () => {
+    const keeper = new RunKeeper({ log: () => undefined });
+    const report = {
+      captureKey: 'r-p0-s0-a1',
+      episode: { rollout_id: 'r-p0-s0', attempt: 1 },
+      status: 'completed',
+      reward: 1,
+      terminal: false,
+      result: { reward: 1 },
+      seconds: 5,
+    };
+    // The earlier try, as the keeper ran it: its report was signalled, then the server refused the
+    // completion (it had timed the try out while it was unreachable).
+    const client = { activity: { complete: () => Promise.reject(new ActivityNotFoundError('Not found')) } } as unknown as Client;
+    const ctx = { client, info: { taskToken: Buffer.from('t1'), heartbeatTimeoutMs: 10_000, isLocal: false } } as unknown as Context;
+    keeper.adopt(ctx, {}, async () => report, { beforeComplete: async (_c, r) => ({ ...(r as object), reported: true }), keepAs: 'r-p0-s0-a1' });
+    await waitFor('the refusal', () => keeper.stats().notFound === 1);
+    const agent = new MockAgent();
+    agent.disableNetConnect();
+    const input = {
+      run: 'r',
+      environment: 'weather_env',
+      environmentUrl: 'http://127.0.0.1:9',
+      reportTo: 'r/shard/0',
+      episode: { rollout_id: 'r-p0-s0', attempt: 1 },
+      task: { prompt: 'x' },
+    };
+    try {
+      expect(await mockEnv().run(createRolloutActivities(agent, keeper).runEpisode, input)).toEqual({ ...report, reported: true });
+    } finally {
+      await agent.close();
+    }
+    expect(keeper.stats()).toMatchObject({ kept: 0, takenKept: 1 });
   });
 });

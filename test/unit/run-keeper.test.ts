@@ -1,11 +1,12 @@
 // The worker's keeper of `/run`s (activities/run-keeper.ts) against a client whose calls the test
 // settles: outcomes through a bounded window in order, beats spaced by the heartbeat timeout,
-// cancellation from a beat's answer, "not found" dropped, failed calls sent again, shutdown.
+// cancellation from a beat's answer, "not found" dropped, failed calls sent again, shutdown; a
+// result that went to its shard kept for the activity's retry until the server takes it.
 import type { Context } from '@temporalio/activity';
 import { ActivityCancelledError, ActivityCompletionError, ActivityNotFoundError, type Client } from '@temporalio/client';
 import { ApplicationFailure, CompleteAsyncError } from '@temporalio/common';
-import { describe, expect, it } from 'vitest';
-import { RunKeeper } from '../../activities/run-keeper.js';
+import { describe, expect, it, vi } from 'vitest';
+import { KEPT_RESULT_MS, RunKeeper } from '../../activities/run-keeper.js';
 import { sleep, waitFor } from '../helpers/wait.js';
 
 type What = 'complete' | 'fail' | 'cancelled' | 'beat';
@@ -119,11 +120,8 @@ describe('RunKeeper', () => {
     const keeper = new RunKeeper({ window: 1, log: quiet });
     const before: unknown[] = [];
     let failOnce = true;
-    keeper.adopt(
-      ctxOf(fake.client, 'r'),
-      {},
-      async () => ({ n: 1 }),
-      async (client, result) => {
+    keeper.adopt(ctxOf(fake.client, 'r'), {}, async () => ({ n: 1 }), {
+      beforeComplete: async (client, result) => {
         expect(client).toBe(fake.client);
         before.push(result);
         if (failOnce) {
@@ -132,7 +130,7 @@ describe('RunKeeper', () => {
         }
         return { ...(result as object), reported: true };
       },
-    );
+    });
     // The first try failed before any completion was sent: sent again after the backoff, with it.
     await waitFor('the completion', () => fake.calls.length === 1);
     expect(fake.calls[0]).toMatchObject({ what: 'complete', token: 'r', value: { n: 1, reported: true } });
@@ -143,6 +141,46 @@ describe('RunKeeper', () => {
     await keeper.shutdown(1_000);
     expect(before).toEqual([{ n: 1 }, { n: 1 }]);
     expect(keeper.stats()).toMatchObject({ completed: 1, retried: 2 });
+  });
+
+  it('keeps a result that went to its shard until the server takes its completion; a refused one waits for the retry, once', async () => {
+    const fake = fakeClient((c) => (c.token === 'refused' ? new ActivityNotFoundError('Not found') : undefined));
+    const keeper = new RunKeeper({ log: quiet });
+    const reported = async (_client: Client, result: unknown) => ({ ...(result as object), reported: true });
+    keeper.adopt(ctxOf(fake.client, 'taken'), {}, async () => ({ n: 1 }), { beforeComplete: reported, keepAs: 'k-taken' });
+    keeper.adopt(ctxOf(fake.client, 'refused'), {}, async () => ({ n: 2 }), { beforeComplete: reported, keepAs: 'k-refused' });
+    // A failure never went to a shard: nothing to keep.
+    keeper.adopt(ctxOf(fake.client, 'failed'), {}, () => Promise.reject(new Error('boom')), { beforeComplete: reported, keepAs: 'k-failed' });
+    await waitFor('three outcomes sent', () => fake.calls.length === 3);
+    await keeper.shutdown(1_000);
+    expect(keeper.stats()).toMatchObject({ completed: 1, failed: 1, notFound: 1, kept: 1 });
+    expect(keeper.takeKept('k-taken')).toBeUndefined();
+    expect(keeper.takeKept('k-failed')).toBeUndefined();
+    expect(keeper.takeKept('k-refused')).toEqual({ n: 2, reported: true });
+    expect(keeper.takeKept('k-refused')).toBeUndefined();
+    expect(keeper.stats()).toMatchObject({ kept: 0, takenKept: 1 });
+  });
+
+  it("a result kept while its completion is still being sent again is the retry's too; a refused one is forgotten after KEPT_RESULT_MS", async () => {
+    const fake = fakeClient((c) => (c.token === 'slow' ? 'open' : new ActivityNotFoundError('Not found')));
+    const keeper = new RunKeeper({ log: quiet });
+    const reported = async (_client: Client, result: unknown) => ({ ...(result as object), reported: true });
+    keeper.adopt(ctxOf(fake.client, 'slow'), {}, async () => ({ n: 1 }), { beforeComplete: reported, keepAs: 'k-slow' });
+    keeper.adopt(ctxOf(fake.client, 'old'), {}, async () => ({ n: 2 }), { beforeComplete: reported, keepAs: 'k-old' });
+    await waitFor('both sent', () => fake.calls.length === 2);
+    await waitFor('the refusal', () => keeper.stats().notFound === 1);
+    // The server timed the slow try out while its completion was on the way: its retry takes the result.
+    expect(keeper.takeKept('k-slow')).toEqual({ n: 1, reported: true });
+    const now = Date.now();
+    const clock = vi.spyOn(Date, 'now').mockReturnValue(now + KEPT_RESULT_MS + 1);
+    try {
+      expect(keeper.takeKept('k-old')).toBeUndefined();
+    } finally {
+      clock.mockRestore();
+    }
+    fake.calls[0]!.settle(new ActivityNotFoundError('Not found'));
+    await keeper.shutdown(1_000);
+    expect(keeper.stats()).toMatchObject({ kept: 0, takenKept: 1, notFound: 2 });
   });
 
   it('beats a held /run once per half to 0.7 of its heartbeat timeout, counted from when each beat went out', async () => {
