@@ -11,6 +11,15 @@ import { RunKeeper } from '../../activities/run-keeper.js';
 import { waitFor } from '../helpers/wait.js';
 import { mockEnv } from '../helpers/activity.js';
 
+/** One episode's `/run` input, to an address the mock agent answers (nothing reaches the network). */
+const INPUT = {
+  run: 'r',
+  environment: 'weather_env',
+  environmentUrl: 'http://127.0.0.1:9',
+  episode: { rollout_id: 'r-p0-s0', attempt: 1 },
+  task: { prompt: 'x' },
+};
+
 describe('runEpisode', () => {
   it('sends its body as bytes of their own, the JSON of the episode and its task', async () => {
     const agent = new MockAgent();
@@ -23,15 +32,8 @@ describe('runEpisode', () => {
         sent = opts.body;
         return { code: 'stale_attempt', message: 'retired' };
       });
-    const input = {
-      run: 'r',
-      environment: 'weather_env',
-      environmentUrl: 'http://127.0.0.1:9',
-      episode: { rollout_id: 'r-p0-s0', attempt: 1 },
-      task: { prompt: 'x' },
-    };
     try {
-      await expect(mockEnv().run(createRolloutActivities(agent).runEpisode, input)).rejects.toThrow(/stale_attempt|retired/);
+      await expect(mockEnv().run(createRolloutActivities(agent).runEpisode, INPUT)).rejects.toThrow(/stale_attempt|retired/);
     } finally {
       await agent.close();
     }
@@ -60,14 +62,7 @@ describe('runEpisode', () => {
     await waitFor('the refusal', () => keeper.stats().notFound === 1);
     const agent = new MockAgent();
     agent.disableNetConnect();
-    const input = {
-      run: 'r',
-      environment: 'weather_env',
-      environmentUrl: 'http://127.0.0.1:9',
-      reportTo: 'r/shard/0',
-      episode: { rollout_id: 'r-p0-s0', attempt: 1 },
-      task: { prompt: 'x' },
-    };
+    const input = { ...INPUT, reportTo: 'r/shard/0' };
     try {
       expect(await mockEnv().run(createRolloutActivities(agent, keeper).runEpisode, input)).toEqual({ ...report, reported: true });
     } finally {
