@@ -15,6 +15,8 @@ import type { RunKeeper } from './run-keeper.js';
 import { joinUrl } from './control-client.js';
 import { traceHeaders } from '../servers/common/tracing.js';
 import { reportBatchesOf } from './report-batches.js';
+import type { SealedOutcome } from '../workflows/ledger.js';
+import { sealedAttempt } from '../workflows/messages.js';
 
 /** Wait before retrying a `/run` refused with `admission_closed` (a checkpoint is open). */
 export const ADMISSION_CLOSED_RETRY_DELAY = '2s';
@@ -163,6 +165,8 @@ export function createRolloutActivities(runPool: Dispatcher, keeper?: RunKeeper)
       // crashed since, and with it the reply it kept).
       const kept = keeper?.takeKept(key) as RolloutReport | undefined;
       if (kept) return kept;
+      const sealed = reportTo ? await sealedReport(reportTo, input, start) : undefined;
+      if (sealed) return sealed;
       const ctx = keeper ? activityContext() : undefined;
       const handedOver = ctx
         ? keeper!.adopt(ctx, { captureKey: key }, async (signal) => report(await post(signal)), { beforeComplete: deliver, keepAs: key })
@@ -185,9 +189,45 @@ export type RolloutActivities = ReturnType<typeof createRolloutActivities>;
  * ignores).
  */
 export async function deliverReport(client: Client, reportTo: string, report: RolloutReport): Promise<RolloutReport> {
-  if (report.status !== 'completed') return report;
+  if (report.status !== 'completed' || report.reported) return report;
   const delivery = await reportBatchesOf(client).deliver(reportTo, report);
   return delivery === 'sent' ? { ...report, reported: true } : report;
+}
+
+/**
+ * A retry asks the attempt's shard whether an earlier try's report already sealed the attempt, and
+ * if so completes with it, without a `/run`. That try's worker may have died after the report went
+ * out and before the server took the activity's completion (so no run keeper kept it), and Gym may
+ * have restarted since, its kept reply gone: a `/run` now would report the sealed attempt failed.
+ * The first try does not ask (nothing can have sealed it); a question that fails is only logged.
+ */
+async function sealedReport(reportTo: string, input: RunEpisodeInput, start: number): Promise<RolloutReport | undefined> {
+  const ctx = activityContext();
+  const client = workerClient();
+  if (!ctx || !client || ctx.info.attempt <= 1) return undefined;
+  const key = captureKey(input.episode);
+  let sealed: SealedOutcome | null;
+  try {
+    sealed = await heartbeating({ captureKey: key }, () => client.workflow.getHandle(reportTo).query(sealedAttempt, input.episode));
+  } catch (err) {
+    if (ctx.cancellationSignal.aborted) throw err;
+    ctx.log.warn('a retried /run could not ask its shard whether the attempt is sealed', { captureKey: key, error: errorMessage(err) });
+    return undefined;
+  }
+  if (!sealed) return undefined;
+  ctx.log.warn("a retried activity completes with the outcome its shard sealed from an earlier try's report", { captureKey: key, try: ctx.info.attempt });
+  const episode = { rollout_id: input.episode.rollout_id, attempt: input.episode.attempt };
+  const result = { reward: sealed.reward, mask_sample: sealed.mask_sample };
+  return {
+    captureKey: key,
+    episode,
+    status: 'completed',
+    reward: sealed.reward,
+    terminal: false,
+    result,
+    seconds: (Date.now() - start) / 1000,
+    reported: true,
+  };
 }
 
 /** The worker's client in this activity; none in a mock environment. */

@@ -105,6 +105,18 @@ export function findSibling(l: Ledger, rolloutId: string): { group: PromptGroup;
   return group && sibling ? { group, sibling } : undefined;
 }
 
+/** What a sealed attempt's report said, as the ledger keeps it. */
+export interface SealedOutcome {
+  reward: number;
+  mask_sample: boolean;
+}
+
+/** The outcome of `episode`'s attempt if this ledger sealed it (undefined: not sealed, or its group has left the ledger). */
+export function sealedOutcome(l: Ledger, episode: EpisodeId): SealedOutcome | undefined {
+  const a = findSibling(l, episode.rollout_id)?.sibling.attempts.find((x) => x.gym_attempt === episode.attempt);
+  return a?.status === 'sealed' && a.reward !== null ? { reward: a.reward, mask_sample: a.mask_sample ?? false } : undefined;
+}
+
 export type SealResult = 'sealed' | 'duplicate' | 'superseded' | 'unknown';
 
 /**

@@ -2,8 +2,8 @@
 // checkpoint attempts and the rollout attempts.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
 import type { CheckpointOutcome, FileDigest, GymTopology, RolloutReport } from '../protocol/controller.js';
-import type { CaptureKey } from '../protocol/episode-id.js';
-import type { ReserveInput } from './ledger.js';
+import type { CaptureKey, EpisodeId } from '../protocol/episode-id.js';
+import type { ReserveInput, SealedOutcome } from './ledger.js';
 
 // --- rollout attempt ↔ its shard -------------------------------------------------------------
 
@@ -11,6 +11,11 @@ import type { ReserveInput } from './ledger.js';
 export const rolloutFinished = defineSignal<[RolloutReport]>('rolloutFinished');
 /** A worker → a shard: completed reports its `/run`s delivered, several in one signal (activities/report-batches.ts). */
 export const rolloutsFinished = defineSignal<[RolloutReport[]]>('rolloutsFinished');
+/**
+ * A retried `/run` activity → its shard: did an earlier try's report seal this attempt? (Its worker
+ * may have died between sending the report and completing the activity; activities/rollouts.ts.)
+ */
+export const sealedAttempt = defineQuery<SealedOutcome | null, [EpisodeId]>('sealedAttempt');
 /** A shard → one of its rollout attempts: its deadline ran out (the shard keeps the clock). */
 export const deadlineExpired = defineSignal('deadlineExpired');
 /**

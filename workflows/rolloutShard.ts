@@ -19,7 +19,17 @@ import {
 import { packJson, unpackJson } from '../protocol/packed-json.js';
 import * as L from './ledger.js';
 import { checkLedger } from './ledger-invariants.js';
-import { assignGroups, closeShard, rolloutFinished, rolloutsFinished, setHolds, shardReport, shardRequest, type ShardReport } from './messages.js';
+import {
+  assignGroups,
+  closeShard,
+  rolloutFinished,
+  rolloutsFinished,
+  sealedAttempt,
+  setHolds,
+  shardReport,
+  shardRequest,
+  type ShardReport,
+} from './messages.js';
 import { ShardContext, type RolloutShardInput } from './shard/context.js';
 import { startDeadlineClock } from './shard/deadline-clock.js';
 import { dispatch, forgetFinished } from './shard/dispatch.js';
@@ -76,6 +86,7 @@ export async function rolloutShard(input: RolloutShardInput): Promise<void> {
     st.closed = true;
     ctx.wake();
   });
+  setHandler(sealedAttempt, (episode) => L.sealedOutcome(st.ledger, episode) ?? null);
   setHandler(shardStatus, () => ({
     shard: input.shard,
     inFlight: Object.keys(st.inFlight).length,

@@ -60,6 +60,19 @@ describe('ledger: seal', () => {
     expect(L.unfinishedGroupCount(l)).toBe(0);
   });
 
+  it("answers a sealed attempt's outcome, and nothing for an attempt that is not sealed or a group that left", () => {
+    const l = L.emptyLedger('run');
+    reserve(l, 'run.p0');
+    dispatchAll(l);
+    expect(L.sealedOutcome(l, ep('run.p0.g0'))).toBeUndefined();
+    L.sealAttempt(l, ep('run.p0.g0'), 0.5, true);
+    expect(L.sealedOutcome(l, ep('run.p0.g0'))).toEqual({ reward: 0.5, mask_sample: true });
+    // Another attempt of the same rollout, a sibling still running, a group never reserved.
+    expect(L.sealedOutcome(l, { rollout_id: 'run.p0.g0', attempt: 1 })).toBeUndefined();
+    expect(L.sealedOutcome(l, ep('run.p0.g1'))).toBeUndefined();
+    expect(L.sealedOutcome(l, ep('run.p9.g0'))).toBeUndefined();
+  });
+
   it('a duplicate identical seal is a no-op; a conflicting seal throws', () => {
     const l = L.emptyLedger('run');
     reserve(l, 'run.p0');

@@ -1,9 +1,12 @@
 // A `/run`'s request body owns its bytes: a `/run` may stay parked for minutes, and a body that were
 // a slice of Node's shared 8 KB buffer pool (what undici makes of a string) would keep the whole
 // slab alive with it, ~7.5 KB too many per parked rollout (docs/performance.md). And a retry whose
-// earlier try's report reached its shard completes with that report, without a `/run`.
+// earlier try's report reached its shard completes with that report, without a `/run`: kept by this
+// worker's run keeper, or, when that try's worker died, as the shard sealed it.
 import type { Context } from '@temporalio/activity';
 import { ActivityNotFoundError, type Client } from '@temporalio/client';
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { DefaultLogger } from '@temporalio/worker';
 import { MockAgent } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { createRolloutActivities } from '../../activities/rollouts.js';
@@ -69,5 +72,68 @@ describe('runEpisode', () => {
       await agent.close();
     }
     expect(keeper.stats()).toMatchObject({ kept: 0, takenKept: 1 });
+  });
+
+  /** A worker client whose shard answers the `sealedAttempt` query with `answer`; `asked` records the questions. */
+  function shardAnswering(answer: unknown, asked: unknown[]): Client {
+    const query = async (def: { name: string }, episode: unknown) => {
+      asked.push({ query: def.name, episode });
+      if (answer instanceof Error) throw answer;
+      return answer;
+    };
+    return {
+      workflow: {
+        getHandle: (id: string) => {
+          asked.push({ handle: id });
+          return { query };
+        },
+      },
+      // The SDK runs every activity inside its client's abort-signal scope.
+      withAbortSignal: (_signal: AbortSignal, fn: () => unknown) => fn(),
+    } as unknown as Client;
+  }
+  const envOf = (tryNumber: number, client: Client) =>
+    new MockActivityEnvironment({ attempt: tryNumber, heartbeatTimeoutMs: 10_000 }, { client, logger: new DefaultLogger('ERROR') });
+
+  it("a retry whose earlier try's worker died after the report sealed the attempt completes with the shard's outcome and calls no /run", async () => {
+    const asked: unknown[] = [];
+    const agent = new MockAgent();
+    agent.disableNetConnect();
+    try {
+      const input = { ...INPUT, reportTo: 'r/shard/0' };
+      const r = await envOf(3, shardAnswering({ reward: 0.5, mask_sample: false }, asked)).run(createRolloutActivities(agent).runEpisode, input);
+      expect(r).toMatchObject({
+        captureKey: 'r-p0-s0-a1',
+        episode: { rollout_id: 'r-p0-s0', attempt: 1 },
+        status: 'completed',
+        reward: 0.5,
+        terminal: false,
+        result: { reward: 0.5, mask_sample: false },
+        reported: true,
+      });
+    } finally {
+      await agent.close();
+    }
+    expect(asked).toEqual([{ handle: 'r/shard/0' }, { query: 'sealedAttempt', episode: { rollout_id: 'r-p0-s0', attempt: 1 } }]);
+  });
+
+  it('a first try never asks its shard; a retry the shard has not sealed (or that cannot ask) runs /run', async () => {
+    for (const [tryNumber, answer] of [
+      [1, { reward: 1, mask_sample: false }],
+      [2, null],
+      [2, new Error('query timed out')],
+    ] as const) {
+      const asked: unknown[] = [];
+      const agent = new MockAgent();
+      agent.disableNetConnect();
+      agent.get('http://127.0.0.1:9').intercept({ path: '/run', method: 'POST' }).reply(409, { code: 'stale_attempt', message: 'retired' });
+      try {
+        const input = { ...INPUT, reportTo: 'r/shard/0' };
+        await expect(envOf(tryNumber, shardAnswering(answer, asked)).run(createRolloutActivities(agent).runEpisode, input)).rejects.toThrow(/stale_attempt/);
+      } finally {
+        await agent.close();
+      }
+      expect(asked.length).toBe(tryNumber === 1 ? 0 : 2);
+    }
   });
 });
