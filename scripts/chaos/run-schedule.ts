@@ -190,6 +190,11 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
       case 'worker_kill':
         healing.push(world.restartWorker(f.downMs));
         return;
+      case 'report_kill':
+        // Waits for the kill itself: the next fault counts from the moment the reports went out.
+        if (await world.killAfterReport(TRIGGER_WAIT_MS)) healing.push(world.restartWorker(f.downMs));
+        else opts.log(`  no completed report went out within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`);
+        return;
       case 'temporal_restart':
         healing.push(world.restartTemporal(f.downMs));
         return;

@@ -8,6 +8,11 @@ export type FaultKind =
   | 'server_kill'
   /** SIGKILL the controller's worker, then start a new one. */
   | 'worker_kill'
+  /**
+   * The worker SIGKILLs itself right after it sends completed reports to a shard, before their
+   * activities complete (scripts/chaos/report-kill.mjs); then a new one starts.
+   */
+  | 'report_kill'
   /** SIGKILL the Temporal dev server, then restart it on the same database. */
   | 'temporal_restart'
   /** SIGSTOP one Gym server for a few seconds, then SIGCONT. */
@@ -15,7 +20,15 @@ export type FaultKind =
   /** A manual checkpoint (`checkpoint-now`) racing whatever else is going on. */
   | 'manual_checkpoint';
 
-export const FAULT_KINDS: readonly FaultKind[] = ['gym_kill', 'server_kill', 'worker_kill', 'temporal_restart', 'server_stop', 'manual_checkpoint'];
+export const FAULT_KINDS: readonly FaultKind[] = [
+  'gym_kill',
+  'server_kill',
+  'worker_kill',
+  'report_kill',
+  'temporal_restart',
+  'server_stop',
+  'manual_checkpoint',
+];
 
 /** When a fault fires, counted from the previous fault (or the run's start for the first). */
 export type FaultTrigger =
@@ -68,6 +81,7 @@ const WEIGHTS: Record<FaultKind, number> = {
   gym_kill: 5,
   server_kill: 4,
   worker_kill: 3,
+  report_kill: 2,
   temporal_restart: 2,
   server_stop: 2,
   manual_checkpoint: 2,

@@ -2,7 +2,7 @@
 // file, the controller's worker process, and a client. Gym deployments are per schedule
 // (scripts/chaos/run-schedule.ts). Every crash here is a SIGKILL of a real process group.
 import { setTimeout as delay } from 'node:timers/promises';
-import { appendFileSync, mkdirSync, rmSync } from 'node:fs';
+import { appendFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { spawnGroup, waitForLine, type GroupProcess } from '../../servers/launcher/process-group.js';
@@ -10,6 +10,8 @@ import { freePort, startDevServer, type DevServer } from '../temporal-dev.mjs';
 import { projectRoot } from '../temporal-paths.mjs';
 
 export const CHAOS_TASK_QUEUE = 'chaos';
+/** While this file is in the world's directory, the worker dies after its next completed reports (report-kill.mjs). */
+const REPORT_KILL_FILE = 'report-kill.armed';
 
 /** Runs `fn` after everything queued before it: crash and restart steps on one thing never interleave. */
 export class Serial {
@@ -52,6 +54,7 @@ export class ChaosWorld {
     // A fresh history per command: an earlier command's run of the same seed, left open when it
     // was stopped, would refuse this one's start (the same workflow ID). Restarts keep it (below).
     for (const suffix of ['', '-shm', '-wal']) rmSync(join(opts.dir, `temporal.sqlite${suffix}`), { force: true });
+    rmSync(join(opts.dir, REPORT_KILL_FILE), { force: true });
     const port = await freePort();
     const server = await startDevServer({ port, headless: true, dbFile: join(opts.dir, 'temporal.sqlite') });
     const connection = await Connection.connect({ address: server.address });
@@ -92,6 +95,31 @@ export class ChaosWorld {
     });
   }
 
+  /**
+   * Arms the worker to SIGKILL itself right after it next sends completed reports to a shard
+   * (scripts/chaos/report-kill.mjs) and waits for that, at most `waitMs`. Resolves whether it died
+   * so (false: no report went out in time, and the worker was left running); `restartWorker`
+   * starts the next one.
+   */
+  killAfterReport(waitMs: number): Promise<boolean> {
+    return this.workerSteps.run(async () => {
+      const worker = this.worker;
+      if (!worker) return false;
+      writeFileSync(this.reportKillFile, '');
+      const exited = (ms: number): Promise<boolean> => Promise.race([worker.exited.then(() => true), delay(ms).then(() => false)]);
+      const died = await exited(waitMs);
+      rmSync(this.reportKillFile, { force: true });
+      // It may have been dying as it was disarmed.
+      if (!died && !(await exited(500))) return false;
+      this.worker = undefined;
+      return true;
+    });
+  }
+
+  private get reportKillFile(): string {
+    return join(this.opts.dir, REPORT_KILL_FILE);
+  }
+
   startWorker(): Promise<void> {
     return this.workerSteps.run(() => this.startWorkerNow());
   }
@@ -103,6 +131,8 @@ export class ChaosWorld {
       args: [
         '--import',
         'tsx',
+        '--import',
+        join(projectRoot, 'scripts/chaos/report-kill.mjs'),
         join(projectRoot, 'worker.ts'),
         '--address',
         this.server.address,
@@ -111,7 +141,7 @@ export class ChaosWorld {
         '--rollout-task-queue',
         `${CHAOS_TASK_QUEUE}-run`,
       ],
-      env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken },
+      env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken, CHAOS_REPORT_KILL_FILE: this.reportKillFile },
       cwd: projectRoot,
       onLine: (line) => appendFileSync(logFile, `${line}\n`),
     });

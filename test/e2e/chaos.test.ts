@@ -1,22 +1,37 @@
-// The fault-schedule command's smoke run in CI: two fixed seeds of `npm run chaos`, on the real
-// parts (dev server on its own SQLite file, worker process, Gym deployment, training run), each
-// checked by every check of scripts/chaos/checks.ts. Together they cover a double Gym crash and a
-// dev-server restart, each in a checkpoint window. A worker killed in a checkpoint window has its
-// own test (test/e2e/controller.test.ts), so it is not run a second time here (the suite's time);
-// the campaigns (`npm run chaos -- --schedules 50`) draw every fault kind.
+// The fault-schedule command's smoke run in CI, on the real parts (dev server on its own SQLite
+// file, worker process, Gym deployment, training run), each schedule checked by every check of
+// scripts/chaos/checks.ts: a fixed seed of `npm run chaos` (the dev server restarted in a
+// checkpoint window) and a written-out schedule (the worker killed in the few milliseconds between
+// its completed reports and their activities' completions, a moment a drawn schedule hits only by
+// luck, then Gym crashed twice). A worker killed in a checkpoint window has its own test
+// (test/e2e/controller.test.ts), so it is not run a second time here (the suite's time); the
+// campaigns (`npm run chaos -- --schedules 50`) draw every fault kind.
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { gymServers, runSchedule } from '../../scripts/chaos/run-schedule.js';
-import { describeFault, drawSchedule, type FaultKind } from '../../scripts/chaos/schedule.js';
+import { describeFault, drawSchedule, type FaultKind, type Schedule } from '../../scripts/chaos/schedule.js';
 import { ChaosWorld } from '../../scripts/chaos/world.js';
 
 const SMOKE: Array<{ seed: number; kinds: FaultKind[]; covers: string }> = [
-  { seed: 1086, kinds: ['gym_kill', 'gym_kill'], covers: 'Gym crashed twice: in a checkpoint window with model calls held, then at a training step' },
   { seed: 1172, kinds: ['temporal_restart'], covers: 'the dev server killed and restarted on its database in a checkpoint window' },
 ];
+
+// Chaos seed 648, made deterministic: the worker dies right after it sent completed reports (their
+// shard sealed those attempts) and before their activities completed; Gym crashes before the
+// server retries them on the next worker, so a `/run` now would find a fresh process. Then Gym
+// crashes again in a checkpoint window with model calls held (the double crash that used to end runs).
+const REPORT_KILL: Schedule = {
+  seed: 648_001,
+  steps: 4,
+  faults: [
+    { kind: 'report_kill', trigger: { on: 'time', afterMs: 2_000 }, downMs: 0 },
+    { kind: 'gym_kill', trigger: { on: 'time', afterMs: 0 }, downMs: 1_000 },
+    { kind: 'gym_kill', trigger: { on: 'checkpoint', afterMs: 3_000, delayMs: 300 }, holdAfterCalls: 2, downMs: 3_000 },
+  ],
+};
 
 const controlToken = randomBytes(16).toString('hex');
 let dir: string;
@@ -34,7 +49,7 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-describe('npm run chaos, two fixed seeds', () => {
+describe('npm run chaos, a fixed seed', () => {
   for (const { seed, kinds, covers } of SMOKE) {
     it(`seed ${seed}: ${covers}; every check holds`, async () => {
       const schedule = drawSchedule(seed, { servers: gymServers() });
@@ -49,4 +64,20 @@ describe('npm run chaos, two fixed seeds', () => {
       if (kinds.includes('gym_kill')) expect(r.recoveries).toBeGreaterThanOrEqual(1);
     }, 420_000);
   }
+});
+
+describe('npm run chaos, a worker killed right after it sent completed reports', () => {
+  it('then Gym crashed twice: each retried /run completes with the outcome its shard sealed, without a /run; every check holds', async () => {
+    const r = await runSchedule(REPORT_KILL, { world, dir: join(dir, 'report-kill'), controlToken, log: (line) => console.log(`[chaos report-kill] ${line}`) });
+    console.log(`[chaos report-kill] ${r.seconds.toFixed(0)} s, recoveries ${r.recoveries}, continued ${r.continued}, restarted ${r.restarted}`);
+    expect(r.violations).toEqual([]);
+    expect(r.injected.map((f) => f.kind)).toEqual(['report_kill', 'gym_kill', 'gym_kill']);
+    expect(r.recoveries).toBeGreaterThanOrEqual(2);
+    const log = await readFile(join(dir, 'worker.log'), 'utf8');
+    const killed = /report-kill: SIGKILL right after sending the completed reports of ([^ ]+(?:, [^ ]+)*) to /.exec(log);
+    expect(killed, 'the worker died right after a report').not.toBeNull();
+    const sealed = log.split('\n').filter((l) => l.includes('sealed from an earlier try'));
+    // Each attempt whose report went out with the kill completed from its shard's answer.
+    expect(killed![1]!.split(', ').filter((key) => !sealed.some((l) => l.includes(key)))).toEqual([]);
+  }, 420_000);
 });

@@ -2,7 +2,7 @@
 // each schedule (each must catch the violation it names).
 import { describe, expect, it } from 'vitest';
 import { type CompletedAttempt, checkCompletions, checkModelCalls, checkParticipants, checkRetention } from '../../scripts/chaos/checks.js';
-import { describeFault, drawSchedule, gymCrashes } from '../../scripts/chaos/schedule.js';
+import { describeFault, drawSchedule, FAULT_KINDS, type FaultKind, gymCrashes } from '../../scripts/chaos/schedule.js';
 
 const SERVERS = ['policy_model', 'simple_agent', 'counter', 'counter_env'];
 
@@ -37,6 +37,7 @@ describe('drawSchedule', () => {
     let crashedTwice = 0;
     let aimed = 0;
     let faults = 0;
+    const kinds = new Set<FaultKind>();
     for (let seed = 0; seed < 500; seed++) {
       const s = drawSchedule(seed, { servers: SERVERS });
       expect(s.steps).toBeGreaterThanOrEqual(5);
@@ -50,12 +51,14 @@ describe('drawSchedule', () => {
         if (f.kind === 'server_kill' || f.kind === 'server_stop') expect(SERVERS).toContain(f.server);
         else expect(f.server).toBeUndefined();
         expect(describeFault(f)).toMatch(new RegExp(`^${f.kind}`));
+        kinds.add(f.kind);
       }
       if (gymCrashes(s) >= 2) crashedTwice++;
       aimed += s.faults.filter((f) => f.trigger.on === 'checkpoint').length;
       faults += s.faults.length;
     }
-    // The mix the command promises: double Gym crashes common, about a third aimed at checkpoints.
+    // The mix the command promises: every kind of fault, double Gym crashes common, about a third aimed at checkpoints.
+    expect([...kinds].sort()).toEqual([...FAULT_KINDS].sort());
     expect(crashedTwice / 500).toBeGreaterThan(0.2);
     expect(aimed / faults).toBeGreaterThan(0.25);
     expect(aimed / faults).toBeLessThan(0.45);
