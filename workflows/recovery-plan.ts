@@ -34,6 +34,22 @@ function savedEpisode(sib: L.Sibling, saved: ReadonlySet<CaptureKey>): EpisodeId
   return undefined;
 }
 
+/**
+ * A cohort that re-forms only whole, some of whose siblings are sealed: they were scored in one
+ * cohort with the unfinished ones, whose replies the crash lost (chaos seed 748: the worker died
+ * during the /run, then the environment server with the reply it kept). The unfinished siblings
+ * alone can never form that cohort again, continued or started over, so the group reruns whole as
+ * a new cohort, its sealed siblings too, as after a live failure (ledger.ts `failAttempt`). A
+ * given-up (masked) sibling is not a score: its cohort is given up, not rerun.
+ */
+function scoredWithoutSome(group: L.PromptGroup): boolean {
+  if (group.recovery_granularity !== 'prompt_group') return false;
+  return group.siblings.some((s) => {
+    const cur = L.currentAttempt(s);
+    return cur.status === 'sealed' && cur.mask_sample !== true;
+  });
+}
+
 /** The restore scope: every unsealed sibling of a `turn` group whose attempt the snapshot saved; group-scored groups whole or not at all. */
 export function planRecovery(ledger: L.Ledger, input: RecoveryPlanInput): RecoveryPlan {
   if (!input.lastSnapshot) return { scope: [], environments: {} };
@@ -45,7 +61,7 @@ export function planRecovery(ledger: L.Ledger, input: RecoveryPlanInput): Recove
   const environments: Record<string, string> = {};
   for (const [group, siblings] of byGroup) {
     // Only groups resolved to restore at `turn` continue from saved turns (§5.5, §5.6).
-    if (group.restore_level !== 'turn') continue;
+    if (group.restore_level !== 'turn' || scoredWithoutSome(group)) continue;
     const episodes = siblings.map((s) => savedEpisode(s, saved));
     // Group-scored groups re-form at /verify only whole: all their unfinished siblings or none.
     const continuing = group.recovery_granularity === 'prompt_group' && episodes.some((e) => e === undefined) ? [] : episodes;
@@ -93,6 +109,9 @@ export function settleRecovery(ledger: L.Ledger, plan: RecoveryPlan, input: Sett
   const out: RecoveryOutcome = { continued: [], restarted: [], retire: [], superseded: 0 };
   const unsealed = L.unsealedSiblings(ledger);
   const inScope = new Set(plan.scope.map((e) => e.rollout_id));
+  // Groups with unfinished work that rerun whole, sealed siblings too: by `prompt_group`, or a
+  // cohort scored without some of its siblings (taken before any sibling moves).
+  const rerunWhole = new Set([...new Set(unsealed.map((u) => u.group))].filter((g) => g.restore_level === 'prompt_group' || scoredWithoutSome(g)));
   const cohortRestarted = new Set<L.PromptGroup>();
   // A cohort that re-forms only whole continues whole or not at all: one whose every unfinished
   // sibling the restore did not install starts over entirely (chaos seed 28: the continued
@@ -136,8 +155,7 @@ export function settleRecovery(ledger: L.Ledger, plan: RecoveryPlan, input: Sett
   }
   for (const g of cohortRestarted) g.cohort_attempt = (g.cohort_attempt ?? 0) + 1;
   // `prompt_group`: saved turns are thrown away and every group with unfinished work reruns whole.
-  for (const g of new Set(unsealed.map((u) => u.group))) {
-    if (g.restore_level !== 'prompt_group') continue;
+  for (const g of rerunWhole) {
     for (const sib of g.siblings) {
       if (L.currentAttempt(sib).status !== 'sealed') continue;
       out.superseded += 1;

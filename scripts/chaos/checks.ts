@@ -10,20 +10,40 @@ export interface CompletedAttempt {
 
 /**
  * Exactly `expected` rollouts completed, each exactly once (`started`: every rollout that had an
- * attempt, so one that never completed is named); rewards in [0, 1].
+ * attempt, so one that never completed is named); rewards in [0, 1]. The one exception: a
+ * group-scored cohort that lost a member's reply in a crash reruns whole, its sealed siblings
+ * superseded (workflows/recovery-plan.ts `scoredWithoutSome`), so a rollout may complete again, but
+ * only if every sibling of its group that completed did so last in a later attempt: the whole group
+ * reran, not one sibling.
  */
 export function checkCompletions(expected: number, started: ReadonlySet<string>, completed: ReadonlyMap<string, CompletedAttempt[]>): string[] {
   const out: string[] = [];
   const missing = [...started].filter((r) => !completed.get(r)?.length);
   if (missing.length) out.push(`${missing.length} rollouts never completed (${missing.slice(0, 5).join(', ')}${missing.length > 5 ? ', …' : ''})`);
   if (completed.size !== expected) out.push(`${completed.size} rollouts completed, expected ${expected}`);
+  const rerunWhole = (rollout: string): boolean => {
+    const group = groupOf(rollout);
+    const first = Math.min(...completed.get(rollout)!.map((a) => attemptOf(a.key)));
+    return [...completed].every(([r, as]) => groupOf(r) !== group || Math.max(...as.map((a) => attemptOf(a.key))) > first);
+  };
   for (const [rollout, attempts] of completed) {
-    if (attempts.length > 1) out.push(`${rollout} completed ${attempts.length} times (${attempts.map((a) => a.key).join(', ')})`);
+    if (attempts.length > 1 && !rerunWhole(rollout)) out.push(`${rollout} completed ${attempts.length} times (${attempts.map((a) => a.key).join(', ')})`);
     for (const a of attempts) {
       if (a.reward === null || !(a.reward >= 0 && a.reward <= 1)) out.push(`${a.key}: reward ${String(a.reward)} outside [0, 1]`);
     }
   }
   return out;
+}
+
+/** The attempt number of a capture key (`<rollout>-a<N>`; 0 without the suffix). */
+function attemptOf(key: string): number {
+  const m = /-a(\d+)$/.exec(key);
+  return m ? Number(m[1]) : 0;
+}
+
+/** The prompt group of a rollout ID (`<run>.s<seed>-p<k>.g<i>` without its `.g<i>`). */
+function groupOf(rollout: string): string {
+  return rollout.replace(/\.g\d+$/, '');
 }
 
 export interface ModelCall {

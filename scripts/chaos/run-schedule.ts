@@ -191,7 +191,9 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
         healing.push(world.restartWorker(f.downMs));
         return;
       case 'report_kill':
-        // Waits for the kill itself: the next fault counts from the moment the reports went out.
+        // Held model calls let no episode end: the calls go on, and the worker dies at the next
+        // completed reports. Waits for the kill itself: the next fault counts from that moment.
+        if (f.holdAfterCalls !== undefined) await post(`${backend}/_ctl/release`).catch(() => undefined);
         if (await world.killAfterReport(TRIGGER_WAIT_MS)) healing.push(world.restartWorker(f.downMs));
         else opts.log(`  no completed report went out within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`);
         return;

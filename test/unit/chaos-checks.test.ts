@@ -91,6 +91,17 @@ describe('checks', () => {
         ]),
       ).join('\n'),
     ).toMatch(/1 rollouts never completed \(r\.g2\)[\s\S]*2 rollouts completed, expected 3[\s\S]*r\.g1 completed 2 times/);
+    // A cohort rerun whole after a lost reply: its sealed siblings complete again, but only as a
+    // whole group; one sibling completed twice while the others did not rerun is still a violation.
+    const group = new Set(['r.p0.g0', 'r.p0.g1', 'r.p1.g0']);
+    const rerun = new Map([
+      ['r.p0.g0', done('r.p0.g0-a1')],
+      ['r.p0.g1', done('r.p0.g1', 'r.p0.g1-a1')],
+      ['r.p1.g0', done('r.p1.g0')],
+    ]);
+    expect(checkCompletions(3, group, rerun)).toEqual([]);
+    rerun.set('r.p0.g0', done('r.p0.g0'));
+    expect(checkCompletions(3, group, rerun)).toEqual(['r.p0.g1 completed 2 times (r.p0.g1, r.p0.g1-a1)']);
     const bad = new Map<string, CompletedAttempt[]>([
       ['r.g0', [{ key: 'r.g0', reward: 1.5 }]],
       ['r.g1', [{ key: 'r.g1', reward: null }]],

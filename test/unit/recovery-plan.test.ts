@@ -36,6 +36,18 @@ describe('planRecovery', () => {
     expect(plan.scope.map(captureKey)).toEqual(['run.p1.g0', 'run.p1.g1']);
   });
 
+  it('a group-scored group some of whose siblings are sealed continues none (their cohort cannot form again); a given-up sibling does not count', () => {
+    const l = L.emptyLedger('run');
+    reserve(l, 'run.p0', { size: 3, granularity: 'prompt_group' });
+    reserve(l, 'run.p1', { size: 2, granularity: 'prompt_group' });
+    dispatchAll(l);
+    L.sealAttempt(l, ep('run.p0.g1'), 1, false);
+    L.sealAttempt(l, ep('run.p0.g2'), 0.5, false);
+    L.sealAttempt(l, ep('run.p1.g1'), 0, true);
+    const plan = planRecovery(l, { lastSnapshot: SNAPSHOT, lastSnapshotScope: ['run.p0.g0', 'run.p0.g1', 'run.p0.g2', 'run.p1.g0', 'run.p1.g1'] });
+    expect(plan.scope.map(captureKey)).toEqual(['run.p1.g0']);
+  });
+
   it('after a second crash before a restored replacement ran, the saved attempt is the one before it', () => {
     const l = L.emptyLedger('run');
     const g = reserve(l, 'run.p0', { size: 1 });
@@ -119,6 +131,21 @@ describe('settleRecovery', () => {
     expect(g.status).toBe('generating');
     // A group with nothing unfinished is left alone.
     expect(L.currentAttempt(done.siblings[0]!)).toMatchObject({ gym_attempt: 0, status: 'sealed' });
+  });
+
+  it('a group-scored cohort scored without one sibling (its reply lost in the crash) reruns whole as a new cohort, its sealed siblings superseded (chaos seed 748)', () => {
+    const l = L.emptyLedger('run');
+    const g = reserve(l, 'run.p0', { size: 3, granularity: 'prompt_group' });
+    dispatchAll(l);
+    L.sealAttempt(l, ep('run.p0.g1'), 1, false);
+    L.sealAttempt(l, ep('run.p0.g2'), 0.5, false);
+    const plan = planRecovery(l, { lastSnapshot: SNAPSHOT, lastSnapshotScope: ['run.p0.g0', 'run.p0.g1', 'run.p0.g2'] });
+    const out = settleRecovery(l, plan, { restored: restoredRollouts(plan, {}), restoreFailed: false, cold: false });
+    expect(out).toMatchObject({ continued: [], retire: [ep('run.p0.g0')], superseded: 2 });
+    expect(out.restarted.sort()).toEqual(['run.p0.g0-a1', 'run.p0.g1-a1', 'run.p0.g2-a1']);
+    expect(g.cohort_attempt).toBe(1);
+    expect(g.status).toBe('generating');
+    for (const s of g.siblings) expect(L.currentAttempt(s)).toMatchObject({ gym_attempt: 1, status: 'reserved', continued: false });
   });
 
   it('a group-scored cohort the restore installed only in part starts over whole: the installed replacements retired, their numbers skipped', () => {
