@@ -110,9 +110,11 @@ export function settleRecovery(ledger: L.Ledger, plan: RecoveryPlan, input: Sett
   const unsealed = L.unsealedSiblings(ledger);
   const inScope = new Set(plan.scope.map((e) => e.rollout_id));
   // Groups with unfinished work that rerun whole, sealed siblings too: by `prompt_group`, or a
-  // cohort scored without some of its siblings (taken before any sibling moves).
-  const rerunWhole = new Set([...new Set(unsealed.map((u) => u.group))].filter((g) => g.restore_level === 'prompt_group' || scoredWithoutSome(g)));
-  const cohortRestarted = new Set<L.PromptGroup>();
+  // cohort scored without some of its siblings, always as a new cohort (taken before any sibling moves).
+  const groups = [...new Set(unsealed.map((u) => u.group))];
+  const lostReplies = groups.filter(scoredWithoutSome);
+  const rerunWhole = new Set(groups.filter((g) => g.restore_level === 'prompt_group' || lostReplies.includes(g)));
+  const cohortRestarted = new Set<L.PromptGroup>(lostReplies);
   // A cohort that re-forms only whole continues whole or not at all: one whose every unfinished
   // sibling the restore did not install starts over entirely (chaos seed 28: the continued
   // siblings' task named the old cohort, the restarted ones a new one).
