@@ -16,6 +16,7 @@ import {
   FAILURE_TYPES,
   GYM_COMMIT_FILE,
   type FileDigest,
+  type PublishedCounts,
   type SnapshotLocation,
   type SnapshotManifest,
   type SnapshotManifestSlim,
@@ -178,34 +179,63 @@ export interface AllocateSnapshotInput {
   checkpointDir: string;
   /** `bootstrap` or `step_<N>`. */
   anchor: string;
+  /** The checkpoint attempt the temp snapshot is for (recorded in it: see below). */
+  checkpointId: string;
 }
+
+/** In a temp snapshot: the ID of the checkpoint attempt it was allocated for. */
+export const ALLOCATION_FILE = 'checkpoint_id';
 
 /**
  * Deletes leftover `tmp_snapshot_*` / `trash_snapshot_*`, picks sequence = largest existing
- * `snapshot_*` + 1, and creates `tmp_snapshot_NNNNNN`.
+ * `snapshot_*` + 1, and creates `tmp_snapshot_NNNNNN`, recording in it the checkpoint it is for.
+ *
+ * Once per checkpoint attempt: the temp snapshot already allocated for the same checkpoint is not
+ * a leftover, and is returned as it is. The attempt allocates from a local activity, which runs again
+ * when its worker died before the workflow task that ran it completed, and by then the shards may
+ * have written their candidates into the temp snapshot (the same task sent them the request): wiping
+ * it would lose them, and the attempt would fail on a file its shard had written.
  */
 export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<SnapshotLocation> {
   if (anchorStep(input.anchor) === undefined) {
     throw invariantFailure(`anchor ${JSON.stringify(input.anchor)} is neither ${BOOTSTRAP_ANCHOR} nor step_<N>`);
   }
+  if (!CheckpointIdSchema.safeParse(input.checkpointId).success) {
+    throw invariantFailure(`allocateSnapshot: checkpoint ID ${JSON.stringify(input.checkpointId)} is not a checkpoint ID`);
+  }
   const root = path.join(input.checkpointDir, input.anchor, SNAPSHOTS_DIR);
   return storage(`allocating a snapshot under ${root}`, async () => {
     await fsp.mkdir(root, { recursive: true });
     const names = await fsp.readdir(root);
-    const leftovers = names.filter((n) => LEFTOVER_NAME.test(n));
-    for (const n of leftovers) await fsp.rm(path.join(root, n), { recursive: true, force: true });
     let last = 0;
     for (const n of names) {
       const m = SNAPSHOT_NAME.exec(n);
       if (m) last = Math.max(last, Number(m[1]));
     }
     const sequence = last + 1;
-    const tmpDir = path.join(root, `tmp_${snapshotName(sequence)}`);
+    const tmpName = `tmp_${snapshotName(sequence)}`;
+    const tmpDir = path.join(root, tmpName);
+    const location = { root, anchor: input.anchor, sequence, tmpDir, finalDir: path.join(root, snapshotName(sequence)) };
+    const ours = names.includes(tmpName) && (await allocatedFor(tmpDir)) === input.checkpointId;
+    for (const n of names.filter((n) => LEFTOVER_NAME.test(n) && !(ours && n === tmpName))) {
+      await fsp.rm(path.join(root, n), { recursive: true, force: true });
+    }
+    if (ours) return location;
     await fsp.mkdir(tmpDir);
+    await writeFileDurably(path.join(tmpDir, ALLOCATION_FILE), `${input.checkpointId}\n`);
     // mkdir -p may have created the anchor and rollout_snapshots entries too.
     for (const d of [root, path.dirname(root), input.checkpointDir]) await fsyncPath(d);
-    return { root, anchor: input.anchor, sequence, tmpDir, finalDir: path.join(root, snapshotName(sequence)) };
+    return location;
   });
+}
+
+/** The checkpoint a temp snapshot was allocated for (undefined: none recorded, or unreadable). */
+async function allocatedFor(tmpDir: string): Promise<string | undefined> {
+  try {
+    return (await fsp.readFile(path.join(tmpDir, ALLOCATION_FILE), 'utf8')).trim();
+  } catch {
+    return undefined;
+  }
 }
 
 export interface WriteSnapshotManifestInput {
@@ -270,7 +300,6 @@ export async function validateSnapshot(input: ValidateSnapshotInput): Promise<Sn
   return checkSnapshot(input.dir, input.fingerprint, (bad) => readSnapshotManifest(input.dir, bad));
 }
 
-/** `validateSnapshot` of a manifest given or read by `manifestOf` (its schema already checked). */
 /** `fn` over every item, at most `n` at once; rejects with the first failure. */
 async function atMost<T>(n: number, items: readonly T[], fn: (item: T) => Promise<void>): Promise<void> {
   let next = 0;
@@ -280,6 +309,7 @@ async function atMost<T>(n: number, items: readonly T[], fn: (item: T) => Promis
   await Promise.all(Array.from({ length: Math.min(n, items.length) }, worker));
 }
 
+/** `validateSnapshot` of a manifest given or read by `manifestOf` (its schema already checked). */
 async function checkSnapshot(
   dir: string,
   fingerprint: string | undefined,
@@ -431,6 +461,30 @@ export async function finalizeSnapshot(input: FinalizeSnapshotInput): Promise<st
   // The manifest just checked and written, not read back and parsed again: admission is closed.
   await checkSnapshot(tmpDir, input.fingerprint, async () => manifest);
   return publishSnapshot({ location: input.location });
+}
+
+export interface PublishedSnapshotInput {
+  location: SnapshotLocation;
+  checkpointId: string;
+}
+
+/**
+ * Whether `checkpointId` has published its snapshot at `location` (the manifest in the final
+ * directory names it), with its counts; null when it has not. A checkpoint attempt asks after a
+ * failure: when its worker died after publishing, before the workflow task that published
+ * completed, the next worker runs that task's local activities again, and the ones before
+ * publication fail against what is already done (the temp snapshot renamed, Gym resumed the ID).
+ */
+export async function snapshotPublishedBy(input: PublishedSnapshotInput): Promise<PublishedCounts | null> {
+  const dir = input.location.finalDir;
+  const bad = (what: string): ApplicationFailure => invariantFailure(`snapshot ${dir} is invalid: ${what}`, { dir, problem: what.slice(0, 300) });
+  return storage(`looking for checkpoint ${input.checkpointId}'s snapshot in ${dir}`, async () => {
+    const read = await readJsonFile(path.join(dir, SNAPSHOT_MANIFEST_FILE), SnapshotManifestSchema, bad);
+    if (read?.data.checkpoint_id !== input.checkpointId) return null;
+    const commit = await takeGymCommitFile(dir, input.checkpointId, bad);
+    if (!commit) throw bad(`no ${GYM_COMMIT_FILE}`);
+    return { scopeCount: commit.lists.scope.length, restartCount: read.data.gym_checkpoint.restarts.length };
+  });
 }
 
 export interface ApplyRetentionInput {
@@ -604,6 +658,7 @@ export function createSnapshotActivities() {
     validateSnapshot,
     publishSnapshot,
     finalizeSnapshot,
+    snapshotPublishedBy,
     applyRetention,
     discardSnapshot,
     latestSnapshot,

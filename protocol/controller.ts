@@ -157,6 +157,12 @@ export interface RolloutReport {
   reported?: true;
 }
 
+/** What a checkpoint's outcome says of the snapshot it published (`snapshotPublishedBy`). */
+export interface PublishedCounts {
+  scopeCount: number;
+  restartCount: number;
+}
+
 export interface SnapshotLocation {
   /** `<checkpoint_dir>/<anchor>/rollout_snapshots` */
   root: string;

@@ -4,7 +4,7 @@
 // The candidates request closes admission in every shard (it carries the holds). A failure before publish
 // aborts (resume with the same ID) and keeps the previous snapshot authoritative; a publish whose
 // resume fails is `published_release_pending`. Retention is the run's.
-import { setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
+import { log, setCurrentDetails, upsertSearchAttributes } from '@temporalio/workflow';
 import {
   groupOfRollout,
   shardOf,
@@ -14,6 +14,7 @@ import {
   type FileDigest,
   type GymCommitOutcome,
   type GymTopology,
+  type PublishedCounts,
   type SnapshotLocation,
   type SnapshotManifestSlim,
 } from '../protocol/controller.js';
@@ -106,10 +107,36 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
   let prepared = false;
   let commit: GymCommitOutcome | undefined;
   let restarts: CaptureKey[] = [];
+  const abandon = async (err: unknown): Promise<CheckpointOutcome> => {
+    // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
+    const reason = err instanceof AttemptFailed ? err.reason : classify(err);
+    const message = describeFailure(err);
+    const gymRestarted = err instanceof GymRestarted;
+    const gymUnreachable = err instanceof AttemptFailed && err.gymUnreachable;
+    if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
+    let abortPending = false;
+    if (prepared) {
+      stage('abort');
+      abortPending = !(await resumeGym(control, input, seconds));
+    }
+    const releasedAtMs = abortPending ? undefined : await releaseShards(input);
+    return finish({
+      ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
+      outcome: 'failed',
+      reason,
+      error: message,
+      abortPending,
+      gymRestarted,
+      ...(gymUnreachable ? { gymUnreachable } : {}),
+      ...(commit ? { scopeCount: commit.scopeCount } : {}),
+      restartCount: restarts.length,
+    });
+  };
+  let published: { location: SnapshotLocation; counts: PublishedCounts };
   try {
     // The snapshot's directory first: the shards write their parts into it.
     stage('allocate');
-    location = await timed('allocate', () => files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor }));
+    location = await timed('allocate', () => files.allocateSnapshot({ checkpointDir: input.checkpointDir, anchor: input.anchor, checkpointId: id }));
     const tmpDir = location.tmpDir;
     // Admission closes in each shard with this request (it carries the checkpoint's holds), and
     // every shard has answered before Gym prepares: no `/run` dispatched before the hold can find
@@ -176,30 +203,15 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
       created_at: new Date().toISOString(),
     };
     await timed('publish', () => files.finalizeSnapshot({ location: location!, manifest, fingerprint: input.topology.fingerprint }));
+    published = { location, counts: { scopeCount: commit.scopeCount, restartCount: restarts.length } };
   } catch (err) {
-    // Nothing was published: drop the temp snapshot, abort Gym with the same ID.
-    const reason = err instanceof AttemptFailed ? err.reason : classify(err);
-    const message = describeFailure(err);
-    const gymRestarted = err instanceof GymRestarted;
-    const gymUnreachable = err instanceof AttemptFailed && err.gymUnreachable;
-    if (location) await storage.discardSnapshot({ tmpDir: location.tmpDir }).catch(() => undefined);
-    let abortPending = false;
-    if (prepared) {
-      stage('abort');
-      abortPending = !(await resumeGym(control, input, seconds));
-    }
-    const releasedAtMs = abortPending ? undefined : await releaseShards(input);
-    return finish({
-      ...(releasedAtMs !== undefined ? { releasedAtMs } : {}),
-      outcome: 'failed',
-      reason,
-      error: message,
-      abortPending,
-      gymRestarted,
-      ...(gymUnreachable ? { gymUnreachable } : {}),
-      ...(commit ? { scopeCount: commit.scopeCount } : {}),
-      restartCount: restarts.length,
-    });
+    // A worker that died after publishing, before the workflow task that published completed,
+    // leaves the next one to run the task's local activities again: those before publication then
+    // fail against what is done (the temp snapshot renamed, Gym resumed). Published all the same.
+    const counts = location ? await files.snapshotPublishedBy({ location, checkpointId: id }).catch(() => null) : null;
+    if (!location || !counts) return abandon(err);
+    log.warn('the snapshot was published before this failure (a replay after a worker death): it stands', { checkpointId: id, error: describeFailure(err) });
+    published = { location, counts };
   }
 
   // Published: the snapshot is durable and authoritative from here on. Retention (older
@@ -212,10 +224,9 @@ export async function checkpointAttempt(input: CheckpointAttemptInput): Promise<
     outcome: released ? 'completed' : 'failed',
     reason: released ? 'completed' : 'release_pending',
     releasePending: !released,
-    snapshotDir: location.finalDir,
-    sequence: location.sequence,
-    scopeCount: commit.scopeCount,
-    restartCount: restarts.length,
+    snapshotDir: published.location.finalDir,
+    sequence: published.location.sequence,
+    ...published.counts,
   });
 }
 

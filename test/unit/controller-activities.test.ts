@@ -149,7 +149,7 @@ describe('Gym coordination activities', () => {
     expect(prep).toMatchObject({ checkpointId: 'ckpt-b', prepared: true, restarts: ['r3'], blockers: {} });
     expect(prep.seconds).toBeGreaterThanOrEqual(0);
 
-    const loc = await allocateSnapshot({ checkpointDir: path.join(tmp, 'ckpt'), anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: path.join(tmp, 'ckpt'), anchor: 'bootstrap', checkpointId: 'ckpt-b' });
     const scope = [
       { rollout_id: 'r1', attempt: 0 },
       { rollout_id: 'r2', attempt: 0 },

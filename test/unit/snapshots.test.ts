@@ -6,12 +6,14 @@ import path from 'node:path';
 import type { ApplicationFailure } from '@temporalio/common';
 import { beforeEach, describe, expect, it } from 'vitest';
 import {
+  ALLOCATION_FILE,
   allocateSnapshot,
   applyRetention,
   discardSnapshot,
   latestSnapshot,
   finalizeSnapshot,
   publishSnapshot,
+  snapshotPublishedBy,
   readLedger,
   validateSnapshot,
   writeSnapshotManifest,
@@ -32,6 +34,9 @@ import { tempDir } from '../helpers/temp-dir.js';
 import { failureOf } from '../helpers/activity.js';
 
 let dir: string;
+let checkpoints = 0;
+/** A checkpoint ID of its own for each allocation (one allocated twice for the same ID is kept). */
+const nextCheckpointId = (): string => `ckpt-${++checkpoints}`;
 
 beforeEach(() => {
   dir = tempDir('snapshots-test');
@@ -86,14 +91,14 @@ async function writeBundle(loc: SnapshotLocation, opts: { step?: number; ledger?
 }
 
 async function publishedSnapshot(anchor: string, step = 0, ledger?: unknown): Promise<string> {
-  const loc = await allocateSnapshot({ checkpointDir: dir, anchor });
+  const loc = await allocateSnapshot({ checkpointDir: dir, anchor, checkpointId: nextCheckpointId() });
   await writeBundle(loc, { step, ledger });
   return publishSnapshot({ location: loc });
 }
 
 describe('allocateSnapshot', () => {
   it('starts at 1 and creates the temp directory', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     expect(loc).toEqual({
       root: path.join(dir, 'bootstrap', 'rollout_snapshots'),
       anchor: 'bootstrap',
@@ -110,22 +115,39 @@ describe('allocateSnapshot', () => {
       await fsp.mkdir(path.join(root, n), { recursive: true });
     }
     await fsp.writeFile(path.join(root, 'tmp_snapshot_000008', 'ledger.json'), '{}');
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_3' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_3', checkpointId: nextCheckpointId() });
     expect(loc.sequence).toBe(8);
     expect(path.basename(loc.tmpDir)).toBe('tmp_snapshot_000008');
-    expect(await fsp.readdir(loc.tmpDir)).toEqual([]); // the leftover's content is gone
+    expect(await fsp.readdir(loc.tmpDir)).toEqual([ALLOCATION_FILE]); // the leftover's content is gone
     expect((await fsp.readdir(root)).sort()).toEqual(['snapshot_000001', 'snapshot_000007', 'tmp_snapshot_000008']);
   });
 
+  it('allocated again for the same checkpoint (its local activity ran twice), keeps what was written into it', async () => {
+    const first = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: 'ckpt-a' });
+    await fsp.mkdir(path.join(first.tmpDir, 'controller'));
+    await fsp.writeFile(path.join(first.tmpDir, 'controller', 'candidates-0.json'), '{"episodes":[]}');
+    await fsp.mkdir(path.join(first.root, 'trash_snapshot_000003'));
+    const again = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: 'ckpt-a' });
+    expect(again).toEqual(first);
+    expect(await fsp.readFile(path.join(again.tmpDir, 'controller', 'candidates-0.json'), 'utf8')).toBe('{"episodes":[]}');
+    expect((await fsp.readdir(first.root)).sort()).toEqual(['tmp_snapshot_000001']);
+    // Another checkpoint's allocation treats it as a leftover.
+    const other = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: 'ckpt-b' });
+    expect(other.tmpDir).toBe(first.tmpDir);
+    expect(await fsp.readdir(other.tmpDir)).toEqual([ALLOCATION_FILE]);
+    expect(await fsp.readFile(path.join(other.tmpDir, ALLOCATION_FILE), 'utf8')).toBe('ckpt-b\n');
+  });
+
   it('refuses an anchor that is neither bootstrap nor step_<N>', async () => {
-    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: '../x' }), 'invariant_error', /anchor/);
-    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: 'step_01' }), 'invariant_error');
+    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: '../x', checkpointId: nextCheckpointId() }), 'invariant_error', /anchor/);
+    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: 'step_01', checkpointId: nextCheckpointId() }), 'invariant_error');
+    await expectFailure(allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: '../x' }), 'invariant_error', /checkpoint ID/);
   });
 });
 
 describe('writeLedgerPart / writeSnapshotManifest', () => {
   it("returns the digest and size of a shard's ledger part and writes the manifest with sorted keys", async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc, { ledger: { b: 1, a: [2] } });
     const bytes = await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-0.json'));
     expect(manifest.ledger_parts).toEqual([{ file: 'controller/ledger-0.json', bytes: bytes.length, sha256: expect.stringMatching(/^[0-9a-f]{64}$/) }]);
@@ -135,20 +157,20 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
     expect(keys).toEqual([...keys].sort());
     expect(JSON.parse(text)).toEqual(manifest);
     // No temporary files left behind.
-    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual(['controller', 'gym', 'gym_commit.json', 'manifest.json']);
+    expect((await fsp.readdir(loc.tmpDir)).sort()).toEqual([ALLOCATION_FILE, 'controller', 'gym', 'gym_commit.json', 'manifest.json'].sort());
     expect(await fsp.readdir(path.join(loc.tmpDir, 'controller'))).toEqual(['ledger-0.json']);
   });
 
   it('takes the ledger packed (as a shard sends it) and writes it as plain JSON', async () => {
     const ledger = { b: 1, a: [2, { x: 'y' }], c: null };
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     await writeLedgerPart({ dir: loc.tmpDir, shard: 3, ledger: packJson(ledger) });
     expect(await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-3.json'), 'utf8')).toBe(JSON.stringify(ledger));
   });
 
   it('takes the ledger as its JSON bytes (as a shard sends its cut) and writes them as they are, with the same digest as the value', async () => {
     const ledger = { b: 1, a: [2, { x: 'é' }], c: null };
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const fromBytes = await writeLedgerPart({ dir: loc.tmpDir, shard: 1, ledger: new TextEncoder().encode(JSON.stringify(ledger)) });
     const fromValue = await writeLedgerPart({ dir: loc.tmpDir, shard: 2, ledger });
     expect(await fsp.readFile(path.join(loc.tmpDir, 'controller', 'ledger-1.json'), 'utf8')).toBe(JSON.stringify(ledger));
@@ -156,7 +178,7 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
   });
 
   it('refuses a manifest of the wrong shape and a directory that is not a temp snapshot', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     await expectFailure(
       writeSnapshotManifest({ tmpDir: loc.tmpDir, manifest: { ...manifest, sequence: true } as unknown as SnapshotManifest }),
@@ -167,7 +189,7 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
   });
 
   it('refuses a manifest that does not name its commit file with a digest, naming where', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     const withList = (extra: Record<string, unknown>) =>
       ({ ...manifest, gym_checkpoint: { ...manifest.gym_checkpoint, ...extra } }) as unknown as SnapshotManifest;
@@ -182,7 +204,7 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
   });
 
   it('finds a commit file that does not match its digest', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     await writeBundle(loc);
     const file = path.join(loc.tmpDir, GYM_COMMIT_FILE);
     const text = await fsp.readFile(file, 'utf8');
@@ -193,7 +215,7 @@ describe('writeLedgerPart / writeSnapshotManifest', () => {
 
 describe('publishSnapshot', () => {
   it('renames tmp → final atomically and is idempotent', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     await writeBundle(loc);
     const final = await publishSnapshot({ location: loc });
     expect(final).toBe(loc.finalDir);
@@ -206,11 +228,24 @@ describe('publishSnapshot', () => {
   });
 
   it('refuses to publish without a manifest, or when neither directory exists', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     await expectFailure(publishSnapshot({ location: loc }), 'invariant_error', /manifest\.json/);
     await discardSnapshot({ tmpDir: loc.tmpDir });
     await expectFailure(publishSnapshot({ location: loc }), 'invariant_error', /neither/);
     await expectFailure(publishSnapshot({ location: { ...loc, finalDir: path.join(dir, 'x') } }), 'invariant_error');
+  });
+});
+
+describe('snapshotPublishedBy', () => {
+  it("answers a published snapshot's counts to its own checkpoint only, and null before publication", async () => {
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
+    const manifest = await writeBundle(loc);
+    const id = manifest.checkpoint_id;
+    expect(await snapshotPublishedBy({ location: loc, checkpointId: id })).toBeNull();
+    await publishSnapshot({ location: loc });
+    expect(await snapshotPublishedBy({ location: loc, checkpointId: id })).toEqual({ scopeCount: 3, restartCount: 0 });
+    // Another attempt that drew the same sequence (a failed one before it) published nothing.
+    expect(await snapshotPublishedBy({ location: loc, checkpointId: `${id.slice(0, -1)}1` })).toBeNull();
   });
 });
 
@@ -278,7 +313,7 @@ describe('applyRetention', () => {
 
 describe('discardSnapshot', () => {
   it('deletes the temp snapshot, twice without complaint, and nothing else', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     await writeBundle(loc);
     await discardSnapshot({ tmpDir: loc.tmpDir });
     await discardSnapshot({ tmpDir: loc.tmpDir });
@@ -289,7 +324,7 @@ describe('discardSnapshot', () => {
 
 describe('finalizeSnapshot', () => {
   it('writes the manifest, validates and publishes in one call; a retry after the rename returns the snapshot', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
     expect(await finalizeSnapshot({ location: loc, manifest, fingerprint: FINGERPRINT })).toBe(loc.finalDir);
@@ -299,7 +334,7 @@ describe('finalizeSnapshot', () => {
   });
 
   it('publishes nothing that does not validate', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     await expectFailure(finalizeSnapshot({ location: loc, manifest, fingerprint: 'e'.repeat(64) }), 'invariant_error', /fingerprint/);
     expect(existsSync(loc.finalDir)).toBe(false);
@@ -313,7 +348,7 @@ describe('finalizeSnapshot', () => {
   const commitFileIn = async (tmpDir: string): Promise<GymCommitFile> => JSON.parse(await fsp.readFile(path.join(tmpDir, GYM_COMMIT_FILE), 'utf8'));
 
   it('completes a slim manifest from the commit file the Gym commit wrote', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
     expect(await finalizeSnapshot({ location: loc, manifest: slimOf(manifest), fingerprint: FINGERPRINT })).toBe(loc.finalDir);
@@ -321,7 +356,7 @@ describe('finalizeSnapshot', () => {
   });
 
   it('refuses a slim manifest without its commit file, or with one of another commit', async () => {
-    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap' });
+    const loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'bootstrap', checkpointId: nextCheckpointId() });
     const manifest = await writeBundle(loc);
     await fsp.rm(path.join(loc.tmpDir, 'manifest.json'));
     const slim = slimOf(manifest);
@@ -349,7 +384,7 @@ describe('validateSnapshot', () => {
   let loc: SnapshotLocation;
   let manifest: SnapshotManifest;
   beforeEach(async () => {
-    loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_4' });
+    loc = await allocateSnapshot({ checkpointDir: dir, anchor: 'step_4', checkpointId: nextCheckpointId() });
     manifest = await writeBundle(loc, { step: 4 });
   });
 

@@ -458,6 +458,10 @@ export class FakeGym {
         this.published.push({ ledger_sha256: input.manifest.ledger_parts[0]?.sha256 ?? '', checkpoint_id: input.manifest.checkpoint_id });
         return input.location.finalDir;
       },
+      snapshotPublishedBy: async (input) =>
+        this.published.some((p) => p.checkpoint_id === input.checkpointId)
+          ? { scopeCount: this.lastCommitScope.get(input.location.tmpDir)?.length ?? 0, restartCount: 0 }
+          : null,
       applyRetention: async () => {
         this.calls.push('retention');
         return [];
