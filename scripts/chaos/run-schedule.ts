@@ -194,9 +194,23 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
         // Held model calls let no episode end: the calls go on, and the worker dies at the next
         // completed reports. Waits for the kill itself: the next fault counts from that moment.
         if (f.holdAfterCalls !== undefined) await post(`${backend}/_ctl/release`).catch(() => undefined);
-        if (await world.killAfterReport(TRIGGER_WAIT_MS)) healing.push(world.restartWorker(f.downMs));
+        if (await world.killAfterSignal('report', TRIGGER_WAIT_MS)) healing.push(world.restartWorker(f.downMs));
         else opts.log(`  no completed report went out within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`);
         return;
+      case 'cut_kill':
+      case 'release_kill': {
+        // A checkpoint at once, so its candidates request (or its release) comes soon: the worker
+        // dies right after it sent it (held model calls stay held: the checkpoint comes anyway).
+        const trigger = f.kind === 'cut_kill' ? 'cut' : 'release';
+        const checkpoint = (): void => void racing.push(handle.executeUpdate(checkpointNow).catch(() => undefined));
+        if (await world.killAfterSignal(trigger, TRIGGER_WAIT_MS, { checkpointDir: cfg.run.checkpoint_dir, onArmed: checkpoint })) {
+          healing.push(world.restartWorker(f.downMs));
+        } else
+          opts.log(
+            `  no checkpoint sent its ${trigger === 'cut' ? 'candidates request' : 'release'} within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`,
+          );
+        return;
+      }
       case 'temporal_restart':
         healing.push(world.restartTemporal(f.downMs));
         return;

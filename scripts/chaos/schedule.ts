@@ -10,9 +10,20 @@ export type FaultKind =
   | 'worker_kill'
   /**
    * The worker SIGKILLs itself right after it sends completed reports to a shard, before their
-   * activities complete (scripts/chaos/report-kill.mjs); then a new one starts.
+   * activities complete (scripts/chaos/signal-kill.mjs); then a new one starts.
    */
   | 'report_kill'
+  /**
+   * The worker SIGKILLs itself right after a checkpoint attempt sent a shard its candidates request
+   * (a checkpoint is requested to set it off), before the attempt's workflow task completed
+   * (scripts/chaos/signal-kill.mjs); then a new one starts.
+   */
+  | 'cut_kill'
+  /**
+   * The worker SIGKILLs itself right after a checkpoint attempt released the shards' holds (its
+   * snapshot published, Gym resumed), before the attempt's workflow task completed; then a new one starts.
+   */
+  | 'release_kill'
   /** SIGKILL the Temporal dev server, then restart it on the same database. */
   | 'temporal_restart'
   /** SIGSTOP one Gym server for a few seconds, then SIGCONT. */
@@ -28,6 +39,8 @@ export const FAULT_KINDS: readonly FaultKind[] = [
   'temporal_restart',
   'server_stop',
   'manual_checkpoint',
+  'cut_kill',
+  'release_kill',
 ];
 
 /** When a fault fires, counted from the previous fault (or the run's start for the first). */
@@ -85,6 +98,8 @@ const WEIGHTS: Record<FaultKind, number> = {
   temporal_restart: 2,
   server_stop: 2,
   manual_checkpoint: 2,
+  cut_kill: 2,
+  release_kill: 2,
 };
 
 export function drawSchedule(seed: number, opts: ScheduleOptions): Schedule {

@@ -10,8 +10,11 @@ import { freePort, startDevServer, type DevServer } from '../temporal-dev.mjs';
 import { projectRoot } from '../temporal-paths.mjs';
 
 export const CHAOS_TASK_QUEUE = 'chaos';
-/** While this file is in the world's directory, the worker dies after its next completed reports (report-kill.mjs). */
-const REPORT_KILL_FILE = 'report-kill.armed';
+/** While this file is in the world's directory, the worker dies after the next signal it names (signal-kill.mjs). */
+const KILL_FILE = 'signal-kill.armed';
+
+/** What an armed worker dies right after sending: completed reports, a checkpoint's candidates request, or its release of the holds (signal-kill.mjs). */
+export type KillTrigger = 'report' | 'cut' | 'release';
 
 /** Runs `fn` after everything queued before it: crash and restart steps on one thing never interleave. */
 export class Serial {
@@ -54,7 +57,7 @@ export class ChaosWorld {
     // A fresh history per command: an earlier command's run of the same seed, left open when it
     // was stopped, would refuse this one's start (the same workflow ID). Restarts keep it (below).
     for (const suffix of ['', '-shm', '-wal']) rmSync(join(opts.dir, `temporal.sqlite${suffix}`), { force: true });
-    rmSync(join(opts.dir, REPORT_KILL_FILE), { force: true });
+    rmSync(join(opts.dir, KILL_FILE), { force: true });
     const port = await freePort();
     const server = await startDevServer({ port, headless: true, dbFile: join(opts.dir, 'temporal.sqlite') });
     const connection = await Connection.connect({ address: server.address });
@@ -96,19 +99,23 @@ export class ChaosWorld {
   }
 
   /**
-   * Arms the worker to SIGKILL itself right after it next sends completed reports to a shard
-   * (scripts/chaos/report-kill.mjs) and waits for that, at most `waitMs`. Resolves whether it died
-   * so (false: no report went out in time, and the worker was left running); `restartWorker`
-   * starts the next one.
+   * Arms the worker to SIGKILL itself right after it next sends completed reports to a shard, a
+   * checkpoint's candidates request to one, or the holds a checkpoint releases (`trigger`;
+   * scripts/chaos/signal-kill.mjs),
+   * and waits for that, at most `waitMs`. Resolves whether it died so (false: no such signal went
+   * out in time, and the worker was left running); `restartWorker` starts the next one. A release
+   * counts once a snapshot was published in `checkpointDir` since arming. `onArmed` runs once the
+   * worker is armed (to set off what sends the signal).
    */
-  killAfterReport(waitMs: number): Promise<boolean> {
+  killAfterSignal(trigger: KillTrigger, waitMs: number, opts: { checkpointDir?: string; onArmed?: () => void } = {}): Promise<boolean> {
     return this.workerSteps.run(async () => {
       const worker = this.worker;
       if (!worker) return false;
-      writeFileSync(this.reportKillFile, '');
+      writeFileSync(this.killFile, [trigger, ...(opts.checkpointDir ? [opts.checkpointDir] : [])].join('\n'));
+      opts.onArmed?.();
       const exited = (ms: number): Promise<boolean> => Promise.race([worker.exited.then(() => true), delay(ms).then(() => false)]);
       const died = await exited(waitMs);
-      rmSync(this.reportKillFile, { force: true });
+      rmSync(this.killFile, { force: true });
       // It may have been dying as it was disarmed.
       if (!died && !(await exited(500))) return false;
       this.worker = undefined;
@@ -116,8 +123,8 @@ export class ChaosWorld {
     });
   }
 
-  private get reportKillFile(): string {
-    return join(this.opts.dir, REPORT_KILL_FILE);
+  private get killFile(): string {
+    return join(this.opts.dir, KILL_FILE);
   }
 
   startWorker(): Promise<void> {
@@ -132,7 +139,7 @@ export class ChaosWorld {
         '--import',
         'tsx',
         '--import',
-        join(projectRoot, 'scripts/chaos/report-kill.mjs'),
+        join(projectRoot, 'scripts/chaos/signal-kill.mjs'),
         join(projectRoot, 'worker.ts'),
         '--address',
         this.server.address,
@@ -141,7 +148,7 @@ export class ChaosWorld {
         '--rollout-task-queue',
         `${CHAOS_TASK_QUEUE}-run`,
       ],
-      env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken, CHAOS_REPORT_KILL_FILE: this.reportKillFile },
+      env: { ...process.env, GYM_CONTROL_TOKEN: this.opts.controlToken, CHAOS_KILL_FILE: this.killFile },
       cwd: projectRoot,
       onLine: (line) => appendFileSync(logFile, `${line}\n`),
     });
