@@ -8,14 +8,15 @@
 //   cut     a checkpoint attempt's candidates request to a shard, before the attempt's workflow task
 //           that sent it completed: the next worker answers it (the shard writes its cut into the
 //           temp snapshot) and runs that task's local activities again (the allocation among them);
-//   release the shards' holds released (`setHolds`) once a snapshot was published in the checkpoint
-//           directory named on the arm file's second line since it was armed: a checkpoint
-//           attempt's release after its publication and Gym's resume, before its workflow task
-//           completed, so the next worker runs the stages before publication again (they fail
-//           against what is done: the temp snapshot renamed, Gym resumed the ID).
+//   release a checkpoint attempt's release of the shards' holds (`setHolds`) once it published its
+//           snapshot (in the checkpoint directory on the arm file's second line, since arming):
+//           after its publication and Gym's resume, before its workflow task completed, so the
+//           next worker runs the stages before publication again (they fail against what is done:
+//           the temp snapshot renamed, Gym resumed the ID).
 // Fault injection for `npm run chaos` only: nothing in the product loads it.
 import { readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { Context } from '@temporalio/activity';
 import { WorkflowClient } from '@temporalio/client';
 
 const armFile = process.env.CHAOS_KILL_FILE;
@@ -28,13 +29,23 @@ const listing = (dir) => {
   }
 };
 
-/** Whether a snapshot's manifest under `checkpointDir` was written at `sinceMs` or later. */
-function publishedSince(checkpointDir, sinceMs) {
+/** The checkpoint ID of the attempt whose (local) activity sends the signal; undefined for any other sender. */
+function sendingCheckpoint() {
+  try {
+    return /\/checkpoint\/([^/]+)$/.exec(Context.current().info.workflowExecution.workflowId)?.[1];
+  } catch {
+    return undefined; // not inside an activity
+  }
+}
+
+/** Whether `checkpointId` published its snapshot under `checkpointDir` at `sinceMs` or later (its manifest names it). */
+function publishedSince(checkpointDir, checkpointId, sinceMs) {
   for (const anchor of listing(checkpointDir)) {
     const root = join(checkpointDir, anchor, 'rollout_snapshots');
     for (const name of listing(root).filter((n) => /^snapshot_\d+$/.test(n))) {
-      const manifest = statSync(join(root, name, 'manifest.json'), { throwIfNoEntry: false });
-      if (manifest && manifest.mtimeMs >= sinceMs) return true;
+      const file = join(root, name, 'manifest.json');
+      const manifest = statSync(file, { throwIfNoEntry: false });
+      if (manifest && manifest.mtimeMs >= sinceMs && JSON.parse(readFileSync(file, 'utf8')).checkpoint_id === checkpointId) return true;
     }
   }
   return false;
@@ -49,8 +60,9 @@ function armedFor([trigger, checkpointDir], armedAtMs, input) {
   if (trigger === 'cut' && input.signalName === 'shardRequest' && arg?.kind === 'candidates') {
     return `the candidates request ${arg.id}`;
   }
-  if (trigger === 'release' && input.signalName === 'setHolds' && publishedSince(checkpointDir, armedAtMs)) {
-    return `holds ${JSON.stringify(arg?.admission ?? arg)}`;
+  const checkpoint = trigger === 'release' && input.signalName === 'setHolds' ? sendingCheckpoint() : undefined;
+  if (checkpoint !== undefined && publishedSince(checkpointDir, checkpoint, armedAtMs)) {
+    return `holds ${JSON.stringify(arg?.admission ?? arg)} (the release of ${checkpoint}, published)`;
   }
   return undefined;
 }

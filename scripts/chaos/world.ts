@@ -104,7 +104,7 @@ export class ChaosWorld {
    * scripts/chaos/signal-kill.mjs),
    * and waits for that, at most `waitMs`. Resolves whether it died so (false: no such signal went
    * out in time, and the worker was left running); `restartWorker` starts the next one. A release
-   * counts once a snapshot was published in `checkpointDir` since arming. `onArmed` runs once the
+   * counts once the checkpoint that sends it published its snapshot in `checkpointDir` since arming. `onArmed` runs once the
    * worker is armed (to set off what sends the signal).
    */
   killAfterSignal(trigger: KillTrigger, waitMs: number, opts: { checkpointDir?: string; onArmed?: () => void } = {}): Promise<boolean> {

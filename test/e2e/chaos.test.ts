@@ -95,8 +95,10 @@ describe('npm run chaos, the worker killed right after it sent completed reports
     expect(log, 'the worker died right after a candidates request').toMatch(
       /cut-kill: SIGKILL right after sending the candidates request [^ ]+ to [^ ]+\/shard\/\d+/,
     );
-    expect(log, 'the worker died right after a release').toMatch(/release-kill: SIGKILL right after sending holds .* to [^ ]+\/shard\/\d+/);
-    // The next worker found the snapshot published when the stages before publication failed.
-    expect(log).toContain('the snapshot was published before this failure');
+    const released = /release-kill: SIGKILL right after sending holds .* \(the release of ([^ ]+), published\) to [^ ]+\/shard\/\d+/.exec(log);
+    expect(released, 'the worker died right after a release').not.toBeNull();
+    // The next worker found that checkpoint's snapshot published when the stages before publication failed.
+    const stands = log.split('\n').filter((l) => l.includes('the snapshot was published before this failure'));
+    expect(stands.some((l) => l.includes(`/checkpoint/${released![1]}`))).toBe(true);
   }, 420_000);
 });
