@@ -28,7 +28,7 @@ import { ManifestSchema } from '../protocol/manifest.js';
 import { readRecords } from '../servers/control/storage/reader.js';
 import { heartbeating, invariantFailure, storageFailure } from './activity-context.js';
 import { sortKeysDeep } from '../protocol/canonical-json.js';
-import { fsyncPath, writeFileDurably } from '../servers/common/durable-files.js';
+import { fsyncPath, writeFileAtomically, writeFileDurably } from '../servers/common/durable-files.js';
 import { readLedgerParts } from './controller-files.js';
 import { takeGymCommitFile } from './gym-commit-file.js';
 import { readJsonFile } from './json-file.js';
@@ -222,7 +222,9 @@ export async function allocateSnapshot(input: AllocateSnapshotInput): Promise<Sn
     }
     if (ours) return location;
     await fsp.mkdir(tmpDir);
-    await writeFileDurably(path.join(tmpDir, ALLOCATION_FILE), `${input.checkpointId}\n`);
+    // Not fsynced: it matters only to a process that comes after a worker's death (the page cache
+    // outlives it); the publication fsyncs the whole temp tree.
+    await writeFileAtomically(path.join(tmpDir, ALLOCATION_FILE), `${input.checkpointId}\n`);
     // mkdir -p may have created the anchor and rollout_snapshots entries too.
     for (const d of [root, path.dirname(root), input.checkpointDir]) await fsyncPath(d);
     return location;
