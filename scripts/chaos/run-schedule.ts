@@ -60,6 +60,8 @@ export interface ScheduleResult {
   /** Why a recovery could not restore (its unfinished work then started over): worth a look, not a violation. */
   recoveryErrors: string[];
   checkpoints: { completed: number; failed: number };
+  /** Each checkpoint ID's last outcome (of the run's last kept outcomes). */
+  checkpointOutcomes: Record<string, CheckpointOutcome['outcome']>;
   seconds: number;
 }
 
@@ -271,6 +273,7 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
     recoveries: recs.length,
     recoveryErrors: recs.flatMap((r) => (r.error ? [r.error.slice(0, 300)] : [])),
     checkpoints: { completed: cps.filter((c) => c.outcome === 'completed').length, failed: cps.filter((c) => c.outcome === 'failed').length },
+    checkpointOutcomes: Object.fromEntries(cps.map((c) => [c.checkpointId, c.outcome])),
     seconds: (Date.now() - started) / 1000,
   };
 }
