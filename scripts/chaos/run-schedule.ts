@@ -205,12 +205,10 @@ export async function runSchedule(schedule: Schedule, opts: ScheduleOptions): Pr
         // dies right after it sent it (held model calls stay held: the checkpoint comes anyway).
         const trigger = f.kind === 'cut_kill' ? 'cut' : 'release';
         const checkpoint = (): void => void racing.push(handle.executeUpdate(checkpointNow).catch(() => undefined));
+        const what = trigger === 'cut' ? 'candidates request' : 'release';
         if (await world.killAfterSignal(trigger, TRIGGER_WAIT_MS, { checkpointDir: cfg.run.checkpoint_dir, onArmed: checkpoint })) {
           healing.push(world.restartWorker(f.downMs));
-        } else
-          opts.log(
-            `  no checkpoint sent its ${trigger === 'cut' ? 'candidates request' : 'release'} within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`,
-          );
+        } else opts.log(`  no checkpoint sent its ${what} within ${TRIGGER_WAIT_MS / 1000} s: the worker was left running`);
         return;
       }
       case 'temporal_restart':

@@ -101,11 +101,11 @@ export class ChaosWorld {
   /**
    * Arms the worker to SIGKILL itself right after it next sends completed reports to a shard, a
    * checkpoint's candidates request to one, or the holds a checkpoint releases (`trigger`;
-   * scripts/chaos/signal-kill.mjs),
-   * and waits for that, at most `waitMs`. Resolves whether it died so (false: no such signal went
-   * out in time, and the worker was left running); `restartWorker` starts the next one. A release
-   * counts once the checkpoint that sends it published its snapshot in `checkpointDir` since arming. `onArmed` runs once the
-   * worker is armed (to set off what sends the signal).
+   * scripts/chaos/signal-kill.mjs), and waits for that, at most `waitMs`. Resolves whether it died
+   * so (false: no such signal went out in time, and the worker was left running); `restartWorker`
+   * starts the next one. A release counts once the checkpoint that sends it published its snapshot
+   * in `checkpointDir` since arming. `onArmed` runs once the worker is armed (to set off what sends
+   * the signal).
    */
   killAfterSignal(trigger: KillTrigger, waitMs: number, opts: { checkpointDir?: string; onArmed?: () => void } = {}): Promise<boolean> {
     return this.workerSteps.run(async () => {
